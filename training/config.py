@@ -37,7 +37,9 @@ class ModelArgs:
     attn_implementation: str = F("auto", "auto = flash_attention_2 on CUDA when installed, else sdpa (packed rows get a block-diagonal mask)",
                                  choices=("auto", "sdpa", "flash_attention_2", "eager"))
     template: str = F("auto", "chat template for both roles: the tokenizer's own, or a named one",
-                      choices=("auto", "rsearch", "llama3.1", "qwen3"))
+                      choices=("auto", "r_search", "llama3.1", "qwen3"))  # inference.prompts.TEMPLATES
+    train_top_layers: int = F(0, "train only the last N decoder layers and the final norm (embeddings and a tied "
+                                 "lm_head stay frozen; frozen layers are never re-sent to vLLM); 0 = train every weight")
 
 
 @dataclass
@@ -202,9 +204,10 @@ def _bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {s!r}")
 
 
-def build_parser(description: str = "") -> argparse.ArgumentParser:
+def build_parser(description: str = "", groups: dict | None = None) -> argparse.ArgumentParser:
+    """One flag per field of the given dataclass groups (default: every group of Config)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    for gname, cls in GROUPS.items():
+    for gname, cls in (groups or GROUPS).items():
         g = p.add_argument_group(gname)
         hints = get_type_hints(cls)
         for f in fields(cls):
@@ -239,6 +242,8 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
     the world size is known."""
     errs = []
     m, r, s, sp, a, o = cfg.model, cfg.rollout, cfg.search, cfg.selfplay, cfg.algorithm, cfg.optimisation
+    if m.train_top_layers < 0:
+        errs.append(f"--train_top_layers must be >= 0 (0 = train everything), got {m.train_top_layers}")
     if sp.prompts_per_step < 1 or sp.solver_n < 1 or sp.proposer_n < 1:
         errs.append("--prompts_per_step, --proposer_n and --solver_n must all be >= 1")
     if a.solver_estimator in ("grpo", "grpo_no_std", "rloo", "reinforce++_baseline") and sp.solver_n < 2:
