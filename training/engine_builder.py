@@ -74,6 +74,27 @@ def _attn_impl(cfg: Config) -> str:
     return "sdpa"
 
 
+def freeze_lower_layers(model, top_layers: int) -> int:
+    """Train only the last `top_layers` decoder layers and the final norm; freeze the rest
+    (embeddings, a tied lm_head, the lower layers). 0 leaves every weight trainable.
+    Returns the number of trainable parameters. Backward then stops at the first trained layer,
+    and the hybrid engine never re-sends frozen layers to vLLM."""
+    if top_layers <= 0:
+        return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    layers = getattr(model.base_model, "layers", None)
+    if layers is None:
+        raise ValueError(f"--train_top_layers needs a decoder with .layers; {type(model.base_model).__name__} has none")
+    if top_layers > len(layers):
+        raise ValueError(f"--train_top_layers {top_layers} exceeds the model's {len(layers)} decoder layers")
+    model.requires_grad_(False)
+    for layer in list(layers)[len(layers) - top_layers:]:
+        layer.requires_grad_(True)
+    norm = getattr(model.base_model, "norm", None)
+    if norm is not None:
+        norm.requires_grad_(True)
+    return sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+
+
 def _load_model(cfg: Config, ds_config: dict):
     """from_pretrained under an HfDeepSpeedConfig so ZeRO-3 partitions weights while loading."""
     from transformers import AutoModelForCausalLM
@@ -101,6 +122,7 @@ def build_engines(cfg: Config) -> Engines:
 
     ds_config = build_ds_config(cfg, train=True)
     model, keep = _load_model(cfg, ds_config)
+    freeze_lower_layers(model, cfg.model.train_top_layers)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     params = [p for p in model.parameters() if p.requires_grad]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 
-from inference.engines import group_by_layer
+from inference.engines import _LAYER_RE, group_by_layer
 
 
 class HybridEngine:
@@ -49,6 +49,13 @@ class HybridEngine:
         budget = self.bucket_mb << 20
         out, cur, size = [], [], 0
         for layer in group_by_layer(self.actor.module.named_parameters()):
+            # Frozen weights (--train_top_layers) never change after vLLM loaded them from the same
+            # folder: a layer with no trainable weight is skipped; outside the decoder layers (no
+            # fused groups there) only trainable tensors are sent.
+            if not any(p.requires_grad for _, p in layer):
+                continue
+            if not _LAYER_RE.search(layer[0][0]):
+                layer = [(n, p) for n, p in layer if p.requires_grad]
             # ZeRO-3 params report their full size in ds_numel; plain tensors in numel()
             nbytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for _, p in layer)
             if cur and size + nbytes > budget:
