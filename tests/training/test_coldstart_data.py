@@ -1,0 +1,212 @@
+"""Cold-start SFT data: the leak check refuses overlapping sets, and the builder writes
+well-formed demos for both roles from a real (tiny) BM25 index over real wiki summaries."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.parser import parse_action
+from training.coldstart_data import (LeakError, build_demos, check_no_leak, desc_phrase, find_answer_doc,
+                                     load_eval_files, validate_demo, wiki_candidates)
+from utils.text import normalize_answer
+
+REPO = Path(__file__).resolve().parents[2]
+N_ARTICLES = 150
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def wiki() -> dict:
+    """The first N articles of the real wiki summaries asset (same source as the real build)."""
+    from utils.assets import wiki_summaries
+
+    src = json.loads(wiki_summaries().read_text())
+    return {k: src[k] for k in sorted(src)[:N_ARTICLES]}
+
+
+@pytest.fixture(scope="module")
+def index_dir(tmp_path_factory, wiki) -> Path:
+    from retrieval.build_index import build_index
+
+    tmp = tmp_path_factory.mktemp("cs_index")
+    rows = [{"id": f"d{i}", "contents": f"{a.get('title') or k}\n{' '.join(a['extract'].split())}"}
+            for i, (k, a) in enumerate(sorted(wiki.items())) if (a.get("extract") or "").strip()]
+    build_index(_write_jsonl(tmp / "corpus.jsonl", rows), tmp / "bm25", "bm25")
+    return tmp / "bm25"
+
+
+@pytest.fixture(scope="module")
+def retriever(index_dir):
+    from retrieval.retriever import load_retriever
+
+    return load_retriever(index_dir)
+
+
+@pytest.fixture(scope="module")
+def doll_question(wiki) -> str:
+    return next(c["question"] for c in wiki_candidates(wiki) if c["name"] == "A Doll's House")
+
+
+@pytest.fixture(scope="module")
+def eval_file(tmp_path_factory, doll_question) -> Path:
+    """An eval set that bans one answer (ABBA), one question (A Doll's House), and two FanOutQA
+    top-level questions (one by a sub-question id, one by its own id)."""
+    rows = [
+        {"id": "e1", "question": "Which band sang Waterloo in 1974?", "golden_answers": ["ABBA"], "data_source": "t"},
+        {"id": "e2", "question": doll_question, "golden_answers": ["Nora"], "data_source": "t"},
+        {"id": "s2b", "question": "In which year was that novella published?", "golden_answers": ["1843"],
+         "data_source": "fanoutqa_single"},
+        {"id": "t3", "question": "How many paintings did the painter make?", "golden_answers": ["70"],
+         "data_source": "fanoutqa"},
+    ]
+    return _write_jsonl(tmp_path_factory.mktemp("cs_eval") / "tiny_eval.jsonl", rows)
+
+
+@pytest.fixture(scope="module")
+def fanout_dev() -> list[dict]:
+    # FanOutQA's dev-file shape: nested decompositions, answers of any type.
+    def sub(i, q, a, children=()):
+        return {"id": i, "question": q, "answer": a, "decomposition": list(children), "depends_on": [], "evidence": {}}
+
+    return [
+        {"id": "t1", "question": "top 1", "answer": "x", "decomposition": [
+            sub("s1", "Who directed 2001: A Space Odyssey?", "Stanley Kubrick"),
+            sub("s1b", "Which films came out in 1968?", ["a", "b"])]},
+        {"id": "t2", "question": "top 2", "answer": "y", "decomposition": [
+            sub("s2a", "Who wrote A Christmas Carol?", "Charles Dickens", [sub("s2b", "When was it published?", "1843")])]},
+        {"id": "t3", "question": "top 3", "answer": "z", "decomposition": [
+            sub("s3", "Who painted A Sunday Afternoon on the Island of La Grande Jatte?", "Georges Seurat")]},
+    ]
+
+
+@pytest.fixture(scope="module")
+def built(retriever, wiki, fanout_dev, eval_file):
+    return build_demos(retriever, wiki, fanout_dev, load_eval_files([eval_file]), solver_n=25, proposer_n=12, seed=3)
+
+
+# ------------------------------------------------------------------ leak check
+def _solver(q, answers, query=None):
+    return {"role": "solver", "question": q, "answer": answers, "source": "t",
+            "turns": [{"kind": "model", "text": f"<search> {query or q} </search>"}, {"kind": "info", "docs": []},
+                      {"kind": "model", "text": f"<answer> {answers[0]} </answer>"}]}
+
+
+def _proposer(answer, q):
+    return {"role": "proposer", "answer": answer, "n_searches": 1, "source": "t", "question": q,
+            "turns": [{"kind": "model", "text": f"<search> {answer} </search>"}, {"kind": "info", "docs": []},
+                      {"kind": "model", "text": f"<question> {q} </question>"}]}
+
+
+def test_leak_check_refuses_overlaps_and_passes_clean(eval_file):
+    rows = load_eval_files([eval_file])
+    clean = [_solver("What is the name of the burrowing mammal native to Africa?", ["Aardvark"]),
+             _proposer("Abacus", "What is the name of the calculating tool?")]
+    report = check_no_leak(clean, rows)
+    assert report["overlaps"] == 0 and report["demos"] == 2 and report["eval_rows"] == 4
+
+    cases = {
+        "question": _solver("which band sang WATERLOO in 1974", ["Someone"]),        # normalised question equality
+        "answer": _solver("What is the name of the Swedish pop group?", ["The Group", "Abba."]),  # an alias
+        "written question": _proposer("Agnetha", "Which band sang Waterloo in 1974?"),
+        "proposer answer": _proposer("abba", "What is the name of the Swedish pop group?"),
+        "contains": _solver("Who sang it?", ["Someone"], query="Which band sang Waterloo in 1974? lyrics"),
+    }
+    for name, demo in cases.items():
+        with pytest.raises(LeakError) as e:
+            check_no_leak(clean + [demo], rows)
+        msg = str(e.value)
+        assert "1 of 3 demos" in msg and "demo #2" in msg and "tiny_eval.jsonl:e1" in msg, (name, msg)
+        assert ("answer" in msg) if "answer" in name else ("question" in msg), (name, msg)
+    with pytest.raises(LeakError, match="5 of 7 demos"):
+        check_no_leak(clean + list(cases.values()), rows)
+
+
+def test_answer_lookup_is_word_bounded_and_grounded():
+    docs = [{"id": "1", "contents": "Leadership\nA leader leads.", "score": 2.0},
+            {"id": "2", "contents": "Stadium\nStadiums host the various codes of rugby.", "score": 1.0},
+            {"id": "3", "contents": "Lead\nLead is a chemical element.", "score": 0.5}]
+    assert find_answer_doc(docs, ["Lead"]) == (3, True)          # own article, not "leader"
+    assert find_answer_doc(docs[:2], ["Lead"]) is None
+    q = "What is the current home stadium of the Spain national football team?"
+    assert find_answer_doc(docs[1:2], ["Various"]) == (1, False)  # a bare mention counts without a question
+    assert find_answer_doc(docs[1:2], ["Various"], q) is None     # but not as grounding for that question
+    assert desc_phrase("American writer (1890–1937)", "H. P. Lovecraft was an American writer") == "American writer (1890–1937)"
+    assert desc_phrase("Chemical element with atomic number 82", "Lead is a chemical element") == "chemical element with atomic number 82"
+
+
+# ------------------------------------------------------------------ the builder
+def test_builder_writes_well_formed_grounded_clean_demos(built, retriever, eval_file, doll_question):
+    demos, stats = built
+    by_role = {r: [d for d in demos if d["role"] == r] for r in ("solver", "proposer")}
+    assert len(by_role["solver"]) == 25 and len(by_role["proposer"]) == 12, stats
+    for d in demos:
+        validate_demo(d)
+        turns = d["turns"]
+        for i in range(1, len(turns) - 1, 2):
+            # info turns hold exactly what the retriever returns for the query the model turn wrote
+            act = parse_action(turns[i - 1]["text"])
+            assert act.kind == "search" and turns[i - 1]["text"].endswith("</search>")
+            got = turns[i]["docs"]
+            assert [x["id"] for x in got] == [x["id"] for x in retriever.search([act.content], 3)[0]]
+            assert got and all(set(x) == {"id", "contents", "score"} for x in got)
+        blob = " ".join(f" {normalize_answer(x['contents'])} " for t in turns if t["kind"] == "info" for x in t["docs"])
+        if d["role"] == "solver":
+            assert parse_action(turns[-1]["text"]) .kind == "answer"
+            assert any(f" {normalize_answer(a)} " in blob for a in d["answer"]), d
+        else:
+            assert d["n_searches"] == 2 and len(turns) == 5
+            assert parse_action(turns[-1]["text"]).content == d["question"]
+            assert normalize_answer(d["answer"]) not in normalize_answer(d["question"])
+            assert any(x["contents"].split("\n")[0].startswith(d["answer"]) for x in turns[3]["docs"])
+        for t in turns:
+            if t["kind"] == "model":  # short turns: at most one <think> and one action
+                assert t["text"].count("<think>") <= 1 and len(t["text"]) < 400
+    check_no_leak(demos, load_eval_files([eval_file]))
+    assert "ABBA" not in {a for d in demos for a in ([d["answer"]] if isinstance(d["answer"], str) else d["answer"])}
+    assert normalize_answer(doll_question) not in {normalize_answer(d["question"]) for d in demos}
+    fan = {d["question"] for d in demos if d["source"] == "fanoutqa_sub"}
+    assert fan == {"Who directed 2001: A Space Odyssey?"}, (fan, stats)
+    assert stats[("solver", "fanoutqa_sub", "top-level question has an eval row")] == 3
+    assert stats[("solver", "fanoutqa_sub", "non-scalar answer")] == 1
+    # the two roles never share an article
+    sol = {normalize_answer(d["answer"][0]) for d in by_role["solver"]}
+    assert not sol & {normalize_answer(d["answer"]) for d in by_role["proposer"]}
+
+
+def test_builder_is_deterministic(built, retriever, wiki, fanout_dev, eval_file):
+    again, _ = build_demos(retriever, wiki, fanout_dev, load_eval_files([eval_file]), solver_n=25, proposer_n=12, seed=3)
+    assert again == built[0]
+
+
+@pytest.mark.timeout(120)
+def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
+    wiki_path, dev_path, out = tmp_path / "wiki.json", tmp_path / "dev.json", tmp_path / "out" / "cs.jsonl"
+    wiki_path.write_text(json.dumps(wiki))
+    dev_path.write_text(json.dumps(fanout_dev))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "training.coldstart_data", "--index", str(index_dir), "--eval", str(eval_file),
+           "--wiki", str(wiki_path), "--fanoutqa", str(dev_path), "--solver_n", "6", "--proposer_n", "4",
+           "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 10 and sum(d["role"] == "solver" for d in rows) == 6
+    assert not (out.parent / "cs.jsonl.tmp").exists()
+    assert "leak check: 10 demos vs 4 eval rows from tiny_eval.jsonl: 0 overlaps" in r.stdout, r.stdout
+
+    # --check: the clean file passes, a file with an eval answer is refused with the reason
+    check = [sys.executable, "-m", "training.coldstart_data", "--eval", str(eval_file), "--check"]
+    assert subprocess.run(check + [str(out)], cwd=REPO, env=env, capture_output=True, text=True).returncode == 0
+    bad = _write_jsonl(tmp_path / "bad.jsonl", rows + [_solver("Name the Swedish pop group", ["ABBA"])])
+    r = subprocess.run(check + [str(bad)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 1 and "1 of 11 demos" in r.stderr and "'ABBA'" in r.stderr, r.stderr

