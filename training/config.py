@@ -120,6 +120,10 @@ class AlgoArgs:
     loss_agg: str = F("token-mean", "loss aggregation; normalised by the global count across ranks",
                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
     tis_cap: float = F(0.0, "truncated importance sampling cap on exp(old - rollout log-prob); 0 disables")
+    old_logprobs: str = F("recompute", "the ratio's old log-probs: recompute with the actor after generation, or take "
+                                       "vLLM's rollout log-probs as they are (saves one forward pass per step; needs "
+                                       "--temperature 1 and --top_p 1, where vLLM's raw log-probs are the policy's)",
+                          choices=("recompute", "rollout"))
     ema_decay: float = F(0.9, "decay of the per-role EMA baseline (estimator 'ema')")
     update_mode: str = F("combined", "update both roles in one optimizer step, or proposer then solver", choices=("combined", "sequential"))
 
@@ -250,6 +254,9 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
         errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
     if a.tis_cap and r.temperature != 1.0:
         errs.append("--tis_cap compares train log-probs with vLLM's raw (temperature-1) log-probs; it needs --temperature 1.0")
+    if a.old_logprobs == "rollout" and (r.temperature != 1.0 or r.top_p != 1.0):
+        errs.append(f"--old_logprobs rollout uses vLLM's raw (temperature-1, full-vocabulary) log-probs; it needs "
+                    f"--temperature 1 and --top_p 1 (got {r.temperature}, {r.top_p}); use --old_logprobs recompute")
     if not (0 <= s.sim_noise_start <= 1 and 0 <= s.sim_noise_end <= 1):
         errs.append(f"--sim_noise_start/--sim_noise_end are probabilities in [0, 1] (got {s.sim_noise_start}, {s.sim_noise_end})")
     if s.self_search_format_reward and s.solver_search != "self":

@@ -288,7 +288,10 @@ class SSPTrainer:
         trajs = [t for t in game.trajectories if t.num_sampled > 0 and t.role in roles]
 
         with self._timer(times, "logprobs"):
-            old = self.forward_logprobs(self.actor, trajs)
+            if cfg.algorithm.old_logprobs == "rollout":  # vLLM's raw log-probs, validated to be the policy's
+                old = [torch.tensor(t.logprobs, dtype=torch.float32) for t in trajs]
+            else:
+                old = self.forward_logprobs(self.actor, trajs)
             ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
         adv = self.advantages(trajs)
         with self._timer(times, "update"):

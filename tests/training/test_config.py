@@ -35,6 +35,8 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--self_search_format_reward", "true"], "it needs --solver_search self"),
     (["--sim_noise_end", "1.5"], "are probabilities in [0, 1]"),
     (["--tis_cap", "2", "--temperature", "0.7"], "needs --temperature 1.0"),
+    (["--old_logprobs", "rollout", "--temperature", "0.8"], "--old_logprobs rollout uses vLLM's raw"),
+    (["--train_top_layers", "-1"], "--train_top_layers must be >= 0"),
     (["--pool_init", "/nonexistent.jsonl"], "--pool_init /nonexistent.jsonl does not exist"),
 ])
 def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):

@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,9 @@ MODES = {
                   "--sim_noise_end", "1.0"],
     "self_search": ["--proposer_search", "self", "--solver_search", "self", "--self_search_format_reward", "true"],
     "retriever_proposer_self_solver": ["--proposer_search", "retriever", "--solver_search", "self"],
+    # the learning proof's speed settings: top layer only, vLLM's log-probs as the ratio's old log-probs
+    "top_layer_rollout_lp": ["--train_top_layers", "1", "--old_logprobs", "rollout", "--lr", "1e-3",
+                             "--export_hf", "true", "--save_every", "2"],
 }
 
 DRIVER = textwrap.dedent("""
@@ -69,13 +73,15 @@ def runs(tmp_path_factory, tiny_model_dir):
     r = subprocess.run([sys.executable, str(d / "driver.py"), json.dumps(MODES), json.dumps(common), str(d / "out")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    return {name: [json.loads(line) for line in (d / "out" / name / "metrics.jsonl").open()] for name in MODES}
+    runs = {name: [json.loads(line) for line in (d / "out" / name / "metrics.jsonl").open()] for name in MODES}
+    runs["_dirs"] = {"out": d / "out", "tiny": tiny_model_dir}
+    return runs
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1000)
 def test_each_mode_trains_only_its_roles(runs):
-    for name, steps in runs.items():
+    for name, steps in ((k, v) for k, v in runs.items() if k in MODES):
         assert [m["step"] for m in steps] == [1, 2], name
     played = lambda m, role: m.get(f"rollout/{role}_trajs", 0) > 0  # noqa: E731
     tokens = lambda m, role: m[f"train/{role}_tokens"]  # noqa: E731
@@ -106,3 +112,20 @@ def test_each_mode_trains_only_its_roles(runs):
     for name in ("simulated", "self_search", "retriever_proposer_self_solver"):
         for m in runs[name]:
             assert played(m, "proposer") and played(m, "solver") and tokens(m, "solver") > 0, name
+
+
+@pytest.mark.slow
+def test_top_layers_train_alone_and_rollout_logprobs_serve_as_old(runs):
+    """--train_top_layers 1: only the last decoder layer (and the final norm) moved; embeddings and
+    layer 0 are bit-identical to the start. --old_logprobs rollout: the first-pass ratio is vLLM vs
+    the actor, i.e. 1 up to the engines' fp32 gap."""
+    from safetensors.torch import load_file
+    start = load_file(str(runs["_dirs"]["tiny"] / "model.safetensors"))
+    end = load_file(str(runs["_dirs"]["out"] / "top_layer_rollout_lp" / "checkpoints" / "step_000002" / "hf" / "model.safetensors"))
+    for name, w in start.items():
+        if not (name.startswith("model.layers.1.") or name == "model.norm.weight"):
+            assert torch.equal(w, end[name]), f"frozen weight {name} changed"
+    assert any(not torch.equal(start[n], end[n]) for n in start if n.startswith("model.layers.1."))
+    for m in runs["top_layer_rollout_lp"]:
+        assert m["train/solver_tokens"] > 0
+        assert abs(m["actor/ratio_mean"] - 1) < 1e-3 and m["actor/rollout_lp_gap"] < 1e-3
