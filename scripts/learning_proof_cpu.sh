@@ -27,7 +27,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
 SEEDS=${SEEDS:-"1 2 3"}
 STEPS=${STEPS:-20}
-SFT_DEMOS=${SFT_DEMOS:-384}
+SFT_DEMOS=${SFT_DEMOS:-512}
 LR=${LR:-2e-5}
 EVAL_FILES=(data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl data/eval/fanoutqa_multihop.jsonl)
 
@@ -54,7 +54,7 @@ echo "== [2/6] SFT cold start ($SFT_DEMOS demos)"
 if [ ! -f "$OUT/sft/hf/model.safetensors" ]; then
   t=$(date +%s)
   $PY training/sft.py --data data/train/coldstart.jsonl --output_dir "$OUT/sft" --dtype bf16 \
-    --batch_size 32 --max_demos "$SFT_DEMOS" --epochs 1 --lr 1e-4 --warmup_steps 1 --lr_schedule cosine \
+    --batch_size 32 --max_demos "$SFT_DEMOS" --epochs 1 --lr 1.5e-4 --warmup_steps 1 --lr_schedule cosine \
     --train_top_layers 8 --max_info_tokens 160 --gradient_checkpointing false --seed 0 --save_every 4 \
     2>&1 | tee "$OUT/sft.log"
   stamp sft $(( $(date +%s) - t )) -

@@ -185,8 +185,13 @@ def wiki_candidates(wiki: dict, dropped: Counter | None = None) -> list[dict]:
                 dropped["description shared by several articles"] += 1
             continue
         extract = " ".join((art.get("extract") or "").split())
-        out.append({"name": name, "title": title, "desc": desc, "answers": [name] + ([title] if title != name else []),
-                    "question": f"What is the name of the {desc_phrase(desc, extract)}?"})
+        # The query is the description exactly as the question spells it ("team sport played with a
+        # ball"), so a model learns to copy it: a query that re-capitalises the first word ("Team
+        # sport ...") is not predictable from the question, and SmolLM2 trained on such demos
+        # degenerated into "<search> <search> ..." under greedy decoding. BM25 ignores case anyway.
+        phrase = desc_phrase(desc, extract)
+        out.append({"name": name, "title": title, "desc": phrase, "answers": [name] + ([title] if title != name else []),
+                    "question": f"What is the name of the {phrase}?"})
     return out
 
 
