@@ -148,6 +148,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="vllm (fast) or hf (the slow transformers reference)")
     p.add_argument("--dtype", default="float32", help="model dtype: float32, bfloat16, float16 (bf16 greedy differs from fp32)")
     p.add_argument("--max_model_len", type=int, default=4096, help="vLLM context length; >= --max_total_tokens")
+    p.add_argument("--kv_cache_mb", type=int, default=0, help="CPU: vLLM KV cache in MiB (0 = room for 4 sequences of "
+                   "--max_model_len); more lets vLLM batch more questions at once")
     p.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size (GPUs)")
     p.add_argument("--seed", type=int, default=0, help="engine seed (matters only with --temperature > 0)")
     # data
@@ -221,7 +223,8 @@ def build_engine(a: argparse.Namespace) -> Any:
 
     if a.engine == "hf":
         return HFEngine(a.model, dtype=a.dtype)
-    return VLLMEngine(a.model, dtype=a.dtype, seed=a.seed, tensor_parallel_size=a.tp, max_model_len=a.max_model_len)
+    return VLLMEngine(a.model, dtype=a.dtype, seed=a.seed, tensor_parallel_size=a.tp, max_model_len=a.max_model_len,
+                      kv_cache_memory_bytes=(a.kv_cache_mb << 20) or None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,10 +26,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
 SEEDS=${SEEDS:-"1 2 3"}
-STEPS=${STEPS:-20}
-SFT_DEMOS=${SFT_DEMOS:-512}
+STEPS=${STEPS:-12}
+SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-2e-5}
-EVAL_FILES=(data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl data/eval/fanoutqa_multihop.jsonl)
+EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
+            data/eval/fanoutqa_multihop.jsonl)
 
 bash scripts/setup_cpu.sh
 PY=.venv/bin/python
@@ -44,7 +45,7 @@ echo "== [1/6] data, BM25 index, cold-start demos"
 $PY scripts/prepare_data.py
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
-[ -f data/train/coldstart.jsonl ] || $PY -m training.coldstart_data --out data/train/coldstart.jsonl
+[ -f data/train/coldstart.jsonl ] && [ -f data/eval/wiki_desc_heldout.jsonl ] || $PY -m training.coldstart_data --out data/train/coldstart.jsonl
 $PY -m training.coldstart_data --check data/train/coldstart.jsonl   # the leak check, said out loud
 
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).
@@ -54,15 +55,15 @@ echo "== [2/6] SFT cold start ($SFT_DEMOS demos)"
 if [ ! -f "$OUT/sft/hf/model.safetensors" ]; then
   t=$(date +%s)
   $PY training/sft.py --data data/train/coldstart.jsonl --output_dir "$OUT/sft" --dtype bf16 \
-    --batch_size 32 --max_demos "$SFT_DEMOS" --epochs 1 --lr 1.5e-4 --warmup_steps 1 --lr_schedule cosine \
-    --train_top_layers 8 --max_info_tokens 160 --gradient_checkpointing false --seed 0 --save_every 4 \
+    --batch_size 32 --max_demos "$SFT_DEMOS" --epochs 1 --lr 2e-4 --warmup_steps 1 --lr_schedule cosine \
+    --train_top_layers 12 --max_info_tokens 160 --gradient_checkpointing false --seed 0 --save_every 4 \
     2>&1 | tee "$OUT/sft.log"
   stamp sft $(( $(date +%s) - t )) -
 fi
 
 evaluate() {  # model_dir out_dir
   $PY eval.py --model "$1" --dtype bfloat16 --data "${EVAL_FILES[@]}" --index data/indexes/bm25 \
-    "${PROTO[@]}" --max_model_len 1024 --batch_size 128 --out_dir "$2"
+    "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 --out_dir "$2"
 }
 
 echo "== [3/6] held-out eval of the SFT checkpoint"
@@ -79,8 +80,8 @@ for SEED in $SEEDS; do
       --index data/indexes/bm25 --train_data data/train/proposer.jsonl \
       --prompts_per_step 8 --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off \
       --proposer_estimator reinforce++ --solver_estimator grpo \
-      "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512 \
-      --lr "$LR" --warmup_steps 0 --lr_schedule constant --total_steps "$STEPS" --seed "$SEED" \
+      "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024 \
+      --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --total_steps "$STEPS" --seed "$SEED" \
       --save_every 5 --max_ckpts 1 --sample_every 5 --output_dir "$RUN" 2>&1 | tee -a "$RUN.log"
     stamp "rl" $(( $(date +%s) - t )) "$SEED"
   fi

@@ -482,6 +482,23 @@ def summary_lines(demos: list[dict], stats: Counter, want: dict[str, int]) -> li
     return lines
 
 
+def heldout_rows(wiki: dict, eval_rows: list[Any], train_files: list[Path], n: int, seed: int) -> list[dict]:
+    """Description questions kept out of every training file: the demos (the builder then treats
+    them as eval rows) and the RL rows (answers of proposer.jsonl / solver_qa.jsonl are skipped)."""
+    idx = EvalIndex(eval_rows)
+    banned = set()
+    for f in train_files:
+        for r in (read_jsonl(f) if Path(f).exists() else []):
+            ans = r.get("answer", r.get("golden_answers", []))
+            banned.update(normalize_answer(x) for x in ([ans] if isinstance(ans, str) else ans or []))
+    cands = [c for c in wiki_candidates(wiki)
+             if not ({normalize_answer(x) for x in c["answers"]} & banned)
+             and not idx.overlaps({"question": c["question"], "answer": c["answers"]})]
+    random.Random(seed + 1).shuffle(cands)
+    return [{"id": f"heldout-{k}", "question": c["question"], "golden_answers": c["answers"],
+             "data_source": "wiki_desc_heldout"} for k, c in enumerate(cands[:n])]
+
+
 def main(argv: list[str] | None = None) -> int:
     from utils import assets
 
@@ -501,6 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--fanoutqa", type=Path, default=None, help="FanOutQA dev JSON (default: the fanoutqa package's file)")
     p.add_argument("--out", type=Path, default=data / "train" / "coldstart.jsonl", help="output JSONL")
     p.add_argument("--check", type=Path, default=None, help="only run the leak check on this demos file against --eval, then exit")
+    p.add_argument("--heldout_n", type=int, default=300,
+                   help="also write this many held-out description questions as an eval set (0 = none): never in "
+                        "the demos, never an answer of --train_files; the learning proof's in-distribution test")
+    p.add_argument("--heldout_out", type=Path, default=data / "eval" / "wiki_desc_heldout.jsonl",
+                   help="where the held-out description questions go (kept if it exists)")
+    p.add_argument("--train_files", type=Path, nargs="*",
+                   default=[data / "train" / "proposer.jsonl", data / "train" / "solver_qa.jsonl"],
+                   help="RL training rows whose answers the held-out set must avoid")
     a = p.parse_args(argv)
     if a.solver_n < 0 or a.proposer_n < 0 or a.topk < 1:
         p.error(f"--solver_n/--proposer_n must be >= 0 and --topk >= 1; got {a.solver_n}/{a.proposer_n}/{a.topk}")
@@ -529,6 +554,12 @@ def main(argv: list[str] | None = None) -> int:
 
     retriever = load_retriever(a.index)
     wiki = json.loads((a.wiki or assets.wiki_summaries()).read_text())
+    if a.heldout_n and not a.heldout_out.exists():
+        held = heldout_rows(wiki, eval_rows, a.train_files, a.heldout_n, a.seed)
+        write_jsonl_atomic(a.heldout_out, held)
+        eval_rows += load_eval_files([a.heldout_out])
+        names += f", {a.heldout_out.name}"
+        print(f"held-out eval set: {len(held)} description questions -> {a.heldout_out}")
     dev = json.loads((a.fanoutqa or assets.fanoutqa_dev()).read_text())
     demos, stats = build_demos(retriever, wiki, dev, eval_rows, a.solver_n, a.proposer_n, a.seed, a.topk)
     for d in demos:

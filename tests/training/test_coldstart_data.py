@@ -197,12 +197,24 @@ def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
     cmd = [sys.executable, "-m", "training.coldstart_data", "--index", str(index_dir), "--eval", str(eval_file),
            "--wiki", str(wiki_path), "--fanoutqa", str(dev_path), "--solver_n", "6", "--proposer_n", "4",
            "--out", str(out)]
+    # a held-out description set, kept away from the demos and from the RL rows' answers
+    cands = wiki_candidates(wiki)
+    train = _write_jsonl(tmp_path / "proposer.jsonl", [{"answer": c["name"], "search_turns": 2} for c in cands[::2]])
+    held_path = tmp_path / "held.jsonl"
+    cmd += ["--heldout_n", "5", "--heldout_out", str(held_path), "--train_files", str(train)]
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=110)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 10 and sum(d["role"] == "solver" for d in rows) == 6
     assert not (out.parent / "cs.jsonl.tmp").exists()
-    assert "leak check: 10 demos vs 4 eval rows from tiny_eval.jsonl: 0 overlaps" in r.stdout, r.stdout
+    assert "leak check: 10 demos vs 9 eval rows from tiny_eval.jsonl, held.jsonl: 0 overlaps" in r.stdout, r.stdout
+    held = [json.loads(line) for line in held_path.read_text().splitlines()]
+    banned = {c["name"] for c in cands[::2]}
+    demo_answers = {a for d in rows for a in ([d["answer"]] if isinstance(d["answer"], str) else d["answer"])}
+    demo_questions = {d.get("question") for d in rows}
+    assert len(held) == 5 and all(h["data_source"] == "wiki_desc_heldout" for h in held)
+    for h in held:
+        assert not set(h["golden_answers"]) & (banned | demo_answers) and h["question"] not in demo_questions
 
     # --check: the clean file passes, a file with an eval answer is refused with the reason
     check = [sys.executable, "-m", "training.coldstart_data", "--eval", str(eval_file), "--check"]
