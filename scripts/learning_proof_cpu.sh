@@ -9,19 +9,24 @@
 #   6. bench/learning_proof.py: plot (bench/learning_proof.png), table in bench/RESULTS.md,
 #      learning.* keys in bench/results.json
 #
-#   bash scripts/learning_proof_cpu.sh                 # 3 seeds (~25 min each on 2 cores, + ~10 min SFT)
+#   bash scripts/learning_proof_cpu.sh                 # 3 seeds x 12 steps
 #   SEEDS="1 2 3 4" STEPS=30 OUT=runs/lp2 bash scripts/learning_proof_cpu.sh
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint,
 # so re-running the same line after a crash continues where it stopped. The SFT cold start is
 # shared by the seeds (it is the common starting point the gain is measured from); the seeds
 # differ in the RL run: sampling, data order, game seeds.
-# Choices (measured, see the closing note of issue #7 and bench/RESULTS.md):
+# Held-out eval: wiki_desc_heldout (300 description questions the builder kept out of the demos and
+# out of the RL rows' answers; the in-distribution test), capitals, FanOutQA single- and multi-hop.
+# Choices (measured; see the closing note of issue #7 and bench/RESULTS.md):
 #   bf16 on CPU: this Xeon has AMX; bf16 GEMMs run 4x faster than fp32 (666 vs 170 GFLOP/s on
-#   2 threads), an SFT step of 32 demos takes 30 s instead of 58 s.
-#   --train_top_layers 8 of 30: backward and optimizer only on the top layers (2.5x per step vs
-#   all layers), frozen layers are not re-sent to vLLM.
+#   2 threads); an SFT step of 32 demos takes ~30 s instead of 58 s.
+#   --train_top_layers (12 for SFT, 8 for RL, of 30): backward and optimizer only on the top layers
+#   (fp32, 32 demos: 73 s/step with 8 layers vs 153-200 s with all); frozen layers are never re-sent
+#   to vLLM (sync 0.13 s instead of seconds).
 #   --max_info_tokens 160: three documents cut to 160 tokens; most of a sequence is documents.
+#   --old_logprobs rollout: vLLM's log-probs serve as the ratio's old log-probs (saves the
+#   recompute forward, ~14 s of a ~75 s step).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
