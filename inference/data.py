@@ -213,3 +213,22 @@ def load_eval_rows(path: str | Path, limit: int | None = None) -> list[EvalRow]:
     if not out:
         raise RowError(f"{path}: no rows")
     return out
+
+
+def fanoutqa_scalar_answer(ans: Any) -> list[str] | None:
+    """A FanOutQA answer as golden aliases; its answers are str, number, list or dict, and only
+    scalars make EM-gradable rows (None otherwise)."""
+    if isinstance(ans, bool):
+        return None
+    if isinstance(ans, (int, float)):
+        return [str(ans)]
+    if isinstance(ans, str) and ans.strip():
+        return [ans.strip()]
+    return None
+
+
+def walk_decomposition(decomp: list | None) -> Iterator[dict]:
+    """Every sub-question of a FanOutQA decomposition tree, depth first."""
+    for d in decomp or []:
+        yield d
+        yield from walk_decomposition(d.get("decomposition") or [])

@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
+from inference.data import fanoutqa_scalar_answer, walk_decomposition  # noqa: E402
 from utils import assets  # noqa: E402
 from utils.text import normalize_answer  # noqa: E402
 
@@ -77,21 +78,7 @@ def build_corpus(out: Path) -> list[dict]:
 
 
 # ---------------------------------------------------------------- eval sets
-def _scalar_answer(ans) -> list[str] | None:
-    """FanOutQA answers are str, number, list or dict. Only scalars make EM-gradable rows."""
-    if isinstance(ans, bool):
-        return None
-    if isinstance(ans, (int, float)):
-        return [str(ans)]
-    if isinstance(ans, str) and ans.strip():
-        return [ans.strip()]
-    return None
-
-
-def _walk(decomp):
-    for d in decomp:
-        yield d
-        yield from _walk(d.get("decomposition") or [])
+_scalar_answer, _walk = fanoutqa_scalar_answer, walk_decomposition
 
 
 def build_fanoutqa(corpus: list[dict], out_multi: Path, out_single: Path) -> tuple[int, int]:

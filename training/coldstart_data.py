@@ -44,6 +44,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from utils.text import as_answer_list, normalize_answer
 
 TOPK = 3
@@ -195,21 +196,7 @@ def wiki_candidates(wiki: dict, dropped: Counter | None = None) -> list[dict]:
     return out
 
 
-def _scalar_answer(ans: Any) -> list[str] | None:
-    # Same rule as scripts/prepare_data.py (not importable: scripts/ is no package): only scalars are EM-gradable.
-    if isinstance(ans, bool):
-        return None
-    if isinstance(ans, (int, float)):
-        return [str(ans)]
-    if isinstance(ans, str) and ans.strip():
-        return [ans.strip()]
-    return None
-
-
-def _walk(decomp: list) -> Iterable[dict]:
-    for d in decomp or []:
-        yield d
-        yield from _walk(d.get("decomposition") or [])
+_scalar_answer, _walk = fanoutqa_scalar_answer, walk_decomposition  # shared with scripts/prepare_data.py
 
 
 def fanout_candidates(dev: list[dict], eval_ids: set[str], dropped: Counter) -> list[dict]:
