@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,14 +22,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from utils.dist import free_port
+
 START_DEADLINE_S = 420   # 30-100 s measured on this 2-core machine; more when other jobs load it
-
-
-def free_port() -> int:
-    # Same as tests/conftest.py's; repeated because --import-mode=importlib makes conftests unimportable.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen) -> None:

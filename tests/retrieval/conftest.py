@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -17,16 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from utils.dist import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 N_DOCS = 64
 SHARD = 32
-
-
-def free_port() -> int:
-    # Same as tests/conftest.py's; repeated because --import-mode=importlib makes conftests unimportable.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_rows(n: int = N_DOCS, start: int = 0) -> list[dict]:
