@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +33,8 @@ if __name__ == "__main__" and __package__ in (None, ""):  # `python training/sft
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# DeepSpeed 0.19 calls deprecated torch collectives on every ZeRO-3 gather and reduce-scatter.
+warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
 if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
