@@ -132,17 +132,9 @@ def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: 
 
 
 def load_demos(path: str | Path, roles: set[str], seed: int, limit: int = 0) -> list[dict]:
-    demos = []
-    with open(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{i}: not JSON ({e})") from None
-            if d.get("role") in roles:
-                demos.append(d)
+    from inference.data import read_records
+
+    demos = [d for d in read_records(path) if d.get("role") in roles]
     if not demos:
         raise ValueError(f"{path} holds no demonstrations of role(s) {sorted(roles)}")
     order = np.random.default_rng(seed).permutation(len(demos))
