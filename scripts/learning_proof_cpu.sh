@@ -4,13 +4,14 @@
 #      (python -m training.coldstart_data, leak-checked against every eval set)
 #   2. SFT cold start of SmolLM2-135M-Instruct on the demos (training/sft.py)
 #   3. eval.py on the SFT export: held-out capitals + FanOutQA single- and multi-hop, greedy
-#   4. per seed: STEPS SSP self-play steps from the SFT export, both roles trained (train.py)
-#   5. per seed: eval.py on the final export, same protocol as 3
+#   4. per seed: SSP self-play from the SFT export, both roles trained (train.py), up to each step
+#      milestone in STEPS (resuming from the previous one; constant LR, so one run in pieces)
+#   5. per seed and milestone: eval.py on that step's export, same protocol as 3
 #   6. bench/learning_proof.py: plot (bench/learning_proof.png), table in bench/RESULTS.md,
 #      learning.* keys in bench/results.json
 #
-#   bash scripts/learning_proof_cpu.sh                 # 3 seeds x 12 steps
-#   SEEDS="1 2 3 4" STEPS=30 OUT=runs/lp2 bash scripts/learning_proof_cpu.sh
+#   bash scripts/learning_proof_cpu.sh                 # 3 seeds, evaluated at steps 12 and 40
+#   SEEDS="1 2 3 4" STEPS="20 60" OUT=runs/lp2 bash scripts/learning_proof_cpu.sh
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint,
 # so re-running the same line after a crash continues where it stopped. The SFT cold start is
@@ -31,7 +32,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
 SEEDS=${SEEDS:-"1 2 3"}
-STEPS=${STEPS:-12}
+STEPS=${STEPS:-"12 40"}   # milestones: held-out eval at each
 SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-2e-5}
 EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
@@ -78,25 +79,29 @@ fi
 
 for SEED in $SEEDS; do
   RUN="$OUT/seed$SEED"
-  echo "== [4/6] seed $SEED: $STEPS SSP steps from the SFT checkpoint"
-  if [ ! -f "$RUN/checkpoints/step_$(printf %06d "$STEPS")/hf/model.safetensors" ]; then
+  for M in $STEPS; do   # milestones: train on to step M (resuming), then evaluate the step-M export
+    if [ -f "$RUN/eval_step$M/results.json" ]; then continue; fi
+    echo "== [4/6] seed $SEED: SSP self-play up to step $M from the SFT checkpoint"
+    if [ ! -f "$RUN/checkpoints/step_$(printf %06d "$M")/hf/model.safetensors" ]; then
+      t=$(date +%s)
+      $PY train.py --model_path "$OUT/sft/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8 \
+        --index data/indexes/bm25 --train_data data/train/proposer.jsonl \
+        --prompts_per_step 8 --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off \
+        --proposer_estimator reinforce++ --solver_estimator grpo \
+        "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024 \
+        --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --total_steps "$M" --seed "$SEED" \
+        --save_every 5 --max_ckpts 1 --sample_every 5 --output_dir "$RUN" 2>&1 | tee -a "$RUN.log"
+      stamp rl $(( $(date +%s) - t )) "$SEED"
+    fi
+    CKPT="$RUN/checkpoints/step_$(printf %06d "$M")/hf"
+    [ -f "$CKPT/model.safetensors" ] || { echo "learning_proof: $CKPT is missing (the run went past step $M" \
+      "before it was evaluated); delete $RUN to redo seed $SEED" >&2; exit 1; }
+    echo "== [5/6] seed $SEED: held-out eval of the step-$M checkpoint"
     t=$(date +%s)
-    $PY train.py --model_path "$OUT/sft/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8 \
-      --index data/indexes/bm25 --train_data data/train/proposer.jsonl \
-      --prompts_per_step 8 --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off \
-      --proposer_estimator reinforce++ --solver_estimator grpo \
-      "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024 \
-      --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --total_steps "$STEPS" --seed "$SEED" \
-      --save_every 5 --max_ckpts 1 --sample_every 5 --output_dir "$RUN" 2>&1 | tee -a "$RUN.log"
-    stamp "rl" $(( $(date +%s) - t )) "$SEED"
-  fi
-  echo "== [5/6] seed $SEED: held-out eval of the final checkpoint"
-  if [ ! -f "$RUN/eval_final/results.json" ]; then
-    t=$(date +%s)
-    evaluate "$RUN/checkpoints/$(cat "$RUN/checkpoints/latest")/hf" "$RUN/eval_final" 2>&1 | tail -20
-    stamp eval_final $(( $(date +%s) - t )) "$SEED"
-  fi
+    evaluate "$CKPT" "$RUN/eval_step$M" 2>&1 | tail -20
+    stamp "eval_step$M" $(( $(date +%s) - t )) "$SEED"
+  done
 done
 
 echo "== [6/6] plot and tables"
-$PY bench/learning_proof.py --out "$OUT" --seeds $SEEDS --steps "$STEPS"
+$PY bench/learning_proof.py --out "$OUT" --seeds $SEEDS --steps $STEPS

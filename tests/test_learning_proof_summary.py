@@ -18,20 +18,23 @@ def _eval(path, overall_em, per_source):
         "per_source": {k: {"n": 5, "em": v} for k, v in per_source.items()}}))
 
 
-def _run_folder(root, finals, steps=4):
+def _run_folder(root, finals, steps=4, mid=2):
+    """finals: seed -> EM at step `steps`; the step-`mid` eval sits halfway between SFT and it."""
     _eval(root / "eval_sft", 0.20, {"a": 0.3, "b": 0.1})
     timings = ["sft\t600\t-", "eval_sft\t300\t-"]
     for seed, em in finals.items():
-        _eval(root / f"seed{seed}" / "eval_final", em, {"a": em, "b": em})
-        lines = [json.dumps({"step": s, "eval/em": 0.5})  # an eval line: not a training step
-                 for s in (steps,)]
+        _eval(root / f"seed{seed}" / f"eval_step{steps}", em, {"a": em, "b": em})
+        _eval(root / f"seed{seed}" / f"eval_step{mid}", (0.20 + em) / 2, {"a": em, "b": em})
+        lines = [json.dumps({"step": steps, "eval/em": 0.5})]  # an eval line: not a training step
         for s in range(1, steps + 1):
             lines.append(json.dumps({"step": s, "game/valid_rate": 0.5, "proposer/reward_mean": 0.1 * s,
                                      "solver/reward_mean": 0.2}))
         lines.append(json.dumps({"step": 2, "game/valid_rate": 0.9, "proposer/reward_mean": 9.0,
                                  "solver/reward_mean": 0.2}))  # a resumed step 2 replaces the crashed one
         (root / f"seed{seed}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
-        timings += [f"rl\t{900 + 60 * int(seed)}\t{seed}", f"eval_final\t300\t{seed}"]
+        # the RL run in two pieces (milestones), both counted
+        timings += [f"rl\t{400 + 60 * int(seed)}\t{seed}", f"rl\t500\t{seed}",
+                    f"eval_step{mid}\t120\t{seed}", f"eval_step{steps}\t180\t{seed}"]
     (root / "timings.tsv").write_text("\n".join(timings) + "\n")
 
 
@@ -46,12 +49,13 @@ def test_gain_spread_minutes_and_plot(tmp_path, results):
     out = tmp_path / "lp"
     _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})
     png = tmp_path / "lp.png"
-    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "4", "--png", str(png)]) == 0
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4", "--png", str(png)]) == 0
     keys = json.loads((results / "results.json").read_text())
     gains = [10.0, 6.0, 8.0]
     assert keys["learning.solver_acc_gain"] == pytest.approx(statistics.mean(gains), abs=1e-3)
     assert keys["learning.seed_std"] == pytest.approx(statistics.stdev(gains), abs=1e-3)
-    # shared SFT + its eval (15 min) counted for every seed, plus that seed's RL and eval
+    assert keys["learning.gain_by_step"] == {"2": pytest.approx(4.0, abs=1e-3), "4": pytest.approx(8.0, abs=1e-3)}
+    # shared SFT + its eval (15 min) counted for every seed, plus that seed's RL pieces and both evals
     assert keys["learning.minutes_per_seed"] == pytest.approx(15 + statistics.mean([21, 22, 23]), abs=1e-2)
     md = (results / "RESULTS.md").read_text()
     assert "## learning" in md and "met" in md and "+10.0" in md
@@ -70,12 +74,12 @@ def test_resumed_step_replaces_the_crashed_line(tmp_path):
 def test_spread_too_wide_says_not_met(tmp_path, results):
     out = tmp_path / "lp"
     _run_folder(out, {"1": 0.40, "2": 0.20, "3": 0.21})
-    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "4", "--png", str(tmp_path / "p.png")])
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
     assert "NOT met" in (results / "RESULTS.md").read_text()
 
 
 def test_missing_seed_is_named(tmp_path, results):
     out = tmp_path / "lp"
     _run_folder(out, {"1": 0.3})
-    with pytest.raises(SystemExit, match="seed2"):
-        learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "4", "--png", str(tmp_path / "p.png")])
+    with pytest.raises(SystemExit, match="seed2/eval_step2"):
+        learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
