@@ -35,6 +35,7 @@ SEEDS=${SEEDS:-"1 2 3"}
 STEPS=${STEPS:-"12 40"}   # milestones: held-out eval at each
 SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-2e-5}
+NAME=${NAME:-learning}   # RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
 EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
             data/eval/fanoutqa_multihop.jsonl)
 
@@ -104,4 +105,5 @@ for SEED in $SEEDS; do
 done
 
 echo "== [6/6] plot and tables"
-$PY bench/learning_proof.py --out "$OUT" --seeds $SEEDS --steps $STEPS
+PNG=bench/learning_proof.png; [ "$NAME" = learning ] || PNG="bench/${NAME}.png"
+$PY bench/learning_proof.py --out "$OUT" --seeds $SEEDS --steps $STEPS --name "$NAME" --png "$PNG"
