@@ -274,6 +274,14 @@ class VLLMEngine:
             # block of 128 tokens wastes ~64 tokens per trajectory and turn; 32 (the smallest the
             # CPU attention takes) cut the bench's rollout CPU time by ~22%.
             kwargs["block_size"] = 32 if block_size is None else block_size
+            # A partially prefilled request's sampled token is thrown away and vLLM rewinds that
+            # request's seeded generator with set_offset(), which a CPU generator refuses
+            # ("CPU Generator does not use offset"): a seeded rollout batch larger than one step's
+            # token budget crashed at step 20 of a learning-proof run. Without chunked prefill
+            # no request is ever part-prefilled; the budget must then hold one whole sequence
+            # (vLLM-CPU's default budget for LLM() is 4096 tokens).
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(max_model_len, llm_kwargs.pop("max_num_batched_tokens", None) or 4096)
         else:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             if block_size is not None:

