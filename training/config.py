@@ -216,7 +216,8 @@ def build_parser(description: str = "", groups: dict | None = None) -> argparse.
         hints = get_type_hints(cls)
         for f in fields(cls):
             typ = hints[f.name]
-            kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "")}
+            # argparse %-formats help text: a literal "30%" made --help crash.
+            kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "").replace("%", "%%")}
             if typ is bool:
                 kw.update(type=_bool, metavar="BOOL")
             else:

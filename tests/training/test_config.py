@@ -91,3 +91,11 @@ def test_self_play_off_needs_no_proposer_rows(tmp_path):
                                   "--train_data", str(tmp_path / "missing.jsonl")]
     cfg = parse_config(args)
     assert not cfg.selfplay.self_play_enable
+
+
+def test_help_lists_every_group_even_with_percent_signs_in_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        build_parser("ssp").parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "~30% more compute" in out and "--old_logprobs" in out
