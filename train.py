@@ -28,16 +28,12 @@ from __future__ import annotations
 
 import os
 import sys
-import warnings
+
+from utils.dist import prepare_launch_env
 
 # Environment that must be in place before torch / vLLM / DeepSpeed are imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM in this process, not a child
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# DeepSpeed 0.19 calls deprecated torch collectives on every ZeRO-3 gather and gradient
-# reduce-scatter: one warning line per call.
-warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
-if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+prepare_launch_env()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -155,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
           f"- gain by milestone: {by_step}.\n"
           f"- minutes per seed, end to end as if run alone (SFT + its eval + RL + evals): {minutes:.1f} "
           f"(RL + evals alone: {statistics.mean(per_seed.values()):.1f}); target < 60.\n"
-          f"- plot: `{a.png.resolve().relative_to(BENCH_DIR.parent) if a.png.resolve().is_relative_to(BENCH_DIR.parent) else a.png}`.\n")
+          f"- plot: `{os.path.relpath(a.png.resolve(), BENCH_DIR.parent)}`.\n")
     keys = {"solver_acc_gain": round(mean_gain, 3), "seed_std": round(std, 3),
             "minutes_per_seed": round(minutes, 2), "sft_em": round(em0, 2),
             "final_em": {s: round(em(runs[s]["evals"][last]), 2) for s in a.seeds},

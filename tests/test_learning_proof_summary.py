@@ -83,3 +83,14 @@ def test_missing_seed_is_named(tmp_path, results):
     _run_folder(out, {"1": 0.3})
     with pytest.raises(SystemExit, match="seed2/eval_step2"):
         learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
+
+
+def test_a_second_recipe_keeps_its_own_keys_and_section(tmp_path, results):
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26})
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "2", "4", "--png", str(tmp_path / "p.png"),
+                         "--name", "learning_lr1e-4"])
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning_lr1e-4.solver_acc_gain"] == pytest.approx(8.0, abs=1e-3)
+    assert not any(k.startswith("learning.") for k in keys)
+    assert "## learning_lr1e-4" in (results / "RESULTS.md").read_text()

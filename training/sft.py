@@ -22,21 +22,17 @@ an HF folder at <output_dir>/hf that train.py (--model_path) and eval.py (--mode
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 if __name__ == "__main__" and __package__ in (None, ""):  # `python training/sft.py`, torchrun, deepspeed
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# DeepSpeed 0.19 calls deprecated torch collectives on every ZeRO-3 gather and reduce-scatter.
-warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
-if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+from utils.dist import prepare_launch_env  # noqa: E402
+
+prepare_launch_env()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

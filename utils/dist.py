@@ -18,6 +18,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def prepare_launch_env() -> None:
+    """What an entry point (train.py, training/sft.py) sets before torch / DeepSpeed are imported:
+    DeepSpeed's CPU accelerator where there is no GPU, quiet tokenizers, and no warning line per
+    ZeRO-3 gather / reduce-scatter (DeepSpeed 0.19 calls deprecated torch collectives there)."""
+    import warnings
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
+    if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def setup_env_for_single_process() -> None:
     """Plain `python train.py` (no launcher): DeepSpeed then tries mpi4py discovery and
     fails on the import (PLATFORM.md). Pretend to be rank 0 of a world of 1 instead."""
