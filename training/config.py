@@ -126,6 +126,10 @@ class AlgoArgs:
                           choices=("recompute", "rollout"))
     ema_decay: float = F(0.9, "decay of the per-role EMA baseline (estimator 'ema')")
     update_mode: str = F("combined", "update both roles in one optimizer step, or proposer then solver", choices=("combined", "sequential"))
+    ppo_epochs: int = F(1, "passes over each step's rollouts; > 1 reuses them (generation is the costly part of a "
+                           "step), and from the second optimizer step on the ratio leaves 1 so clipping acts")
+    ppo_mini_batches: int = F(1, "optimizer steps per pass: each rank splits its trajectories into this many "
+                                 "mini-batches, whole groups kept together (SSP/veRL's ppo_mini_batch_size)")
 
 
 @dataclass
@@ -270,6 +274,8 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
         errs.append("estimator 'gae' needs a critic, which this trainer does not build yet; use grpo, rloo, reinforce++ or ema")
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:
         errs.append(f"clip range must satisfy 0 <= clip_low < 1 and clip_high > 0 (got {a.clip_low}, {a.clip_high})")
+    if a.ppo_epochs < 1 or a.ppo_mini_batches < 1:
+        errs.append(f"--ppo_epochs and --ppo_mini_batches must be >= 1 (got {a.ppo_epochs}, {a.ppo_mini_batches})")
     if a.dual_clip and a.dual_clip <= 1:
         errs.append(f"--dual_clip must be > 1 or 0 to disable (got {a.dual_clip})")
     if r.max_total_tokens > r.max_model_len:

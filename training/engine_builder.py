@@ -1,4 +1,4 @@
-"""Engine builder: DeepSpeed config (built in code) -> model -> optimizer -> scheduler -> deepspeed.initialize.
+"""Engine builder: DeepSpeed config (built in code) -> model -> optimizer -> deepspeed.initialize (the LR follows set_lr).
 
 Kept apart from the trainer that uses the engines (DeepSpeed-Chat's split). Builds
 the actor and, when asked, a frozen reference model. A PPO critic is not built yet
@@ -60,6 +60,18 @@ def lr_lambda(cfg: Config):
         t = min(max(t, 0.0), 1.0)
         return 0.5 * (1 + math.cos(math.pi * t)) if o.lr_schedule == "cosine" else 1.0 - t
     return f
+
+
+def set_lr(engine, cfg: Config, step: int) -> float:
+    """Set the LR of (SSP or SFT) step `step` on every param group and return it. The schedule
+    counts steps, not optimizer steps: a step may take several optimizer steps (sequential
+    roles, PPO epochs and mini-batches), and a scheduler stepped by DeepSpeed on each of them
+    ran warm-up and decay that many times too fast. A pure function of the step, so resume
+    needs no scheduler state."""
+    lr = cfg.optimisation.lr * lr_lambda(cfg)(step)
+    for g in engine.optimizer.param_groups:
+        g["lr"] = lr
+    return lr
 
 
 def _attn_impl(cfg: Config) -> str:
@@ -129,8 +141,8 @@ def build_engines(cfg: Config) -> Engines:
     # torch AdamW: nothing is JIT-compiled (FusedAdam / CPU-Adam take ~150 s of gcc) and
     # checkpoint restore is exact (PLATFORM.md).
     opt = torch.optim.AdamW(params, lr=cfg.optimisation.lr, weight_decay=cfg.optimisation.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda(cfg))
-    actor, *_ = deepspeed.initialize(model=model, optimizer=opt, lr_scheduler=sched, config=ds_config)
+    # No LR scheduler inside DeepSpeed: the trainers call set_lr once per step.
+    actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
     keepalive = [keep]
 
     ref = None

@@ -23,6 +23,8 @@ tokens not computed (loss_mask 0 when only_masked=True). Mask them out.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import math
 import os
 
@@ -262,12 +264,20 @@ def _call_head(head: torch.nn.Module, rows, targets, temperature, chunk_size, co
         return chunked_logprobs_entropy(x, head.weight, targets, getattr(head, "bias", None), temperature,
                                         chunk_size, compute_entropy)
 
-    original = head.__dict__.get("forward")
-    head.forward = fused_forward
-    try:
+    with forward_swapped(head, fused_forward):
         return head(rows)
+
+
+@contextmanager
+def forward_swapped(module: torch.nn.Module, fn):
+    """Make `fn` the module's forward for the duration, so calling the module runs `fn` inside
+    the module's hooks (ZeRO-3 gathering; for a DeepSpeed engine, its forward prologue)."""
+    original = module.__dict__.get("forward")
+    module.forward = fn
+    try:
+        yield module
     finally:
         if original is None:
-            del head.forward
+            del module.forward
         else:
-            head.forward = original
+            module.forward = original

@@ -151,13 +151,10 @@ def demos_to_trajectories(tokenizer, demos: list[dict], template: str, max_info_
 
 # ----------------------------------------------------------------------------- the loss
 
-def sft_loss_sum(model, micro_batch) -> tuple[torch.Tensor, int]:
-    """Summed negative log-likelihood of the masked tokens of one packed micro-batch, and their count."""
-    from training.logprobs import sequence_logprobs
-
-    lp, _ = sequence_logprobs(model, micro_batch, 1.0)
-    mask = micro_batch.tensors["loss_mask"].to(lp.device, lp.dtype)
-    return -(lp * mask).sum(), int(mask.sum().item())
+def sft_loss(logprobs: torch.Tensor, micro_batch) -> torch.Tensor:
+    """Summed negative log-likelihood of the masked (model-written) tokens of one packed micro-batch."""
+    mask = micro_batch.tensors["loss_mask"].to(logprobs.device, logprobs.dtype)
+    return -(logprobs * mask).sum()
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -214,25 +211,25 @@ class SFTTrainer:
         return [self.trajs[i] for i in idx[self.D.rank()::self.D.world_size()]]
 
     def train_step(self, step: int) -> dict:
-        from training.packing import equalise_micro_batches, pack_trajectories
+        from training.engine_builder import set_lr
+        from training.update import accumulate, pack_equal
 
         D = self.D
         t0 = time.perf_counter()
-        trajs = self.batch(step)
-        mbs = pack_trajectories(trajs, self.cfg.optimisation.micro_token_budget) if trajs else []
-        mbs = equalise_micro_batches(mbs, lambda v: int(D.all_reduce_max(v)), per_token_keys=["loss_mask"])
+        mbs, _ = pack_equal(self.batch(step), self.cfg.optimisation.micro_token_budget)
         local = sum(int(mb.tensors["loss_mask"].sum().item()) for mb in mbs)
         n_tok = D.all_reduce_sum([float(local)])[0]
+        set_lr(self.actor, self.cfg, step)
         self.actor.train()
-        total = 0.0
-        for k, mb in enumerate(mbs):
-            self.actor.set_gradient_accumulation_boundary(k == len(mbs) - 1)
-            loss_sum, _ = sft_loss_sum(self.actor.module, mb)
-            loss = loss_sum / max(n_tok, 1.0)  # global token mean: ranks with more tokens weigh more
-            self.actor.backward(loss)
-            total += float(loss.detach())
+
+        def loss_fn(mb, lp, _ent):  # global token mean: ranks with more tokens weigh more
+            loss = sft_loss(lp, mb) / max(n_tok, 1.0)
+            return loss, {"loss": loss.detach()}
+
+        metrics = accumulate(self.actor, mbs, loss_fn)
         self.actor.step()
         gn = self.actor.get_global_grad_norm()
+        total = sum(float(m["loss"]) for m in metrics)
         return {"sft/loss": D.all_reduce_sum([total])[0], "sft/tokens": n_tok,
                 "actor/grad_norm": float(gn) if gn is not None else 0.0,
                 "actor/lr": float(self.actor.get_lr()[0]), "timing_s/step": time.perf_counter() - t0}

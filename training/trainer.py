@@ -27,10 +27,12 @@ import numpy as np
 import torch
 
 from training.config import Config, validate_args
+from training.engine_builder import set_lr
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
 
-SUM_KEYS = ("search/sim_failures", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
+# Counts summed over ranks (the rest are means): every token count is a global count.
+SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
             "search/calls", "search/failures", "search/queries")
 
 
@@ -295,13 +297,14 @@ class SSPTrainer:
             ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
         adv = self.advantages(trajs)
         with self._timer(times, "update"):
+            set_lr(self.actor, cfg, self.step)
             upd = self.update(trajs, adv, old, ref)
         _fault_point("after_update", self.step)
 
         metrics = {**self._reduce_game_stats(game.stats), **upd, **sync}
         metrics.update(self._rollout_metrics(game.trajectories))
         metrics.update(self._mean_over_ranks({f"train/{role}_tokens": float(sum(t.num_sampled for t in trajs if t.role == role))
-                                              for role in ("proposer", "solver")}))
+                                              for role in ("proposer", "solver")}))  # summed: SUM_KEYS
         for role, s in self.search.items():
             if s is not None:
                 metrics[f"timing_s/search_{role}"] = s.seconds
@@ -326,22 +329,15 @@ class SSPTrainer:
                 t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
 
     # ------------------------------------------------------------------ log-probs, advantages, update
-    def _pack(self, trajs, per_token=None):
-        from training.packing import equalise_micro_batches, pack_trajectories
-        mbs = pack_trajectories(trajs, self.cfg.optimisation.micro_token_budget, per_token=per_token) if trajs else []
-        n_real = len(mbs)
-        keys = ["loss_mask", "rollout_logprobs", *(per_token or {})]
-        return equalise_micro_batches(mbs, lambda v: int(D.all_reduce_max(v)), per_token_keys=keys), n_real
-
     @torch.no_grad()
     def forward_logprobs(self, engine, trajs) -> list[torch.Tensor]:
         """Per-token log-probs of each trajectory under `engine` (actor before the update, or the reference)."""
-        from training.logprobs import sequence_logprobs
         from training.packing import unpack_to_sequences
+        from training.update import engine_logprobs, pack_equal
         was_training = engine.module.training
         engine.module.eval()
-        mbs, n_real = self._pack(trajs)
-        outs = [sequence_logprobs(engine.module, mb, self.cfg.rollout.temperature)[0].float().cpu() for mb in mbs]
+        mbs, n_real = pack_equal(trajs, self.cfg.optimisation.micro_token_budget)
+        outs = [engine_logprobs(engine, mb, self.cfg.rollout.temperature)[0].float().cpu() for mb in mbs]
         engine.module.train(was_training)
         return unpack_to_sequences(mbs[:n_real], outs[:n_real], len(trajs)) if trajs else []
 
@@ -367,41 +363,18 @@ class SSPTrainer:
         return out
 
     def update(self, trajs, adv, old, ref) -> dict:
-        from training.logprobs import sequence_logprobs
-        from training.loss import count_normaliser, policy_loss, reduce_metrics
+        from training.loss import reduce_metrics
+        from training.update import ppo_update
 
-        a = self.cfg.algorithm
-        # combined: one optimizer step over both roles; sequential: proposer step, then solver step
-        subsets = ([list(range(len(trajs)))] if a.update_mode == "combined" else
-                   [[i for i, t in enumerate(trajs) if t.role == role] for role in ("proposer", "solver")])
-        metrics: list[dict] = []
-        self.actor.train()
-        for sub in subsets:
-            per_token = {"advantages": [adv[i] for i in sub], "old_logprobs": [old[i] for i in sub]}
-            if ref is not None:
-                per_token["ref_logprobs"] = [ref[i] for i in sub]
-            mbs, _ = self._pack([trajs[i] for i in sub], per_token)
-            local = sum(count_normaliser(mb.tensors["loss_mask"], a.loss_agg, mb.cu_seqlens) for mb in mbs)
-            normaliser = D.all_reduce_sum([local])[0]
-            if normaliser == 0:  # nothing sampled anywhere: identical decision on every rank
-                continue
-            for k, mb in enumerate(mbs):
-                self.actor.set_gradient_accumulation_boundary(k == len(mbs) - 1)
-                lp, ent = sequence_logprobs(self.actor.module, mb, self.cfg.rollout.temperature, compute_entropy=True)
-                t = mb.tensors
-                loss, m = policy_loss(
-                    lp, t["old_logprobs"], t["advantages"], t["loss_mask"], normaliser=normaliser, agg=a.loss_agg,
-                    cu_seqlens=mb.cu_seqlens, clip_low=a.clip_low, clip_high=a.clip_high,
-                    dual_clip=a.dual_clip or None, ref_logprobs=t.get("ref_logprobs"), kl_coef=a.kl_coef,
-                    kl_estimator=a.kl_estimator, entropy=ent, entropy_coef=a.entropy_coef,
-                    rollout_logprobs=t["rollout_logprobs"], tis_cap=a.tis_cap or None)
-                self.actor.backward(loss)
-                metrics.append(m)
-            self.actor.step()
+        o = self.cfg.optimisation
+        metrics, n_steps = ppo_update(self.actor, trajs, adv, old, ref, self.cfg.algorithm,
+                                      temperature=self.cfg.rollout.temperature, micro_token_budget=o.micro_token_budget,
+                                      seed=o.seed * 7 + self.step)
         out = reduce_metrics(metrics) if metrics else {}
-        gn = self.actor.get_global_grad_norm() if metrics else None
+        gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:
-            out["actor/grad_norm"] = float(gn)
+            out["actor/grad_norm"] = float(gn)  # of the step's last optimizer step
+        out["actor/optimizer_steps"] = float(n_steps)
         out["actor/lr"] = float(self.actor.get_lr()[0])
         return self._mean_over_ranks(out)
 

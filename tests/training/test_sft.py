@@ -73,9 +73,17 @@ def test_render_demo_refuses_bad_rows(tok):
         render_demo(tok, {"role": "solver", "question": "q", "turns": [{"kind": "model", "text": "x"}, {"kind": "tool"}]})
 
 
+def sft_loss_sum(model, mb):
+    """The SFT loss of a plain (non-DeepSpeed) model on one micro-batch, and its token count."""
+    from training.logprobs import sequence_logprobs
+    from training.sft import sft_loss
+    lp, _ = sequence_logprobs(model, mb, 1.0)
+    return sft_loss(lp, mb), int(mb.tensors["loss_mask"].sum())
+
+
 def _grads(model, tok, demo):
     from training.packing import pack_trajectories
-    from training.sft import demos_to_trajectories, sft_loss_sum
+    from training.sft import demos_to_trajectories
 
     model.zero_grad()
     mb = pack_trajectories(demos_to_trajectories(tok, [demo], "auto", 384), 8192)[0]
@@ -124,7 +132,7 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
     # the export holds the trained weights: its NLL on the demos is the last steps' loss, not the start's
     from transformers import AutoModelForCausalLM
     from training.packing import pack_trajectories
-    from training.sft import demos_to_trajectories, sft_loss_sum
+    from training.sft import demos_to_trajectories
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(out / "hf")
     mb = pack_trajectories(demos_to_trajectories(tok, rows, "auto", 384), 8192)[0]

@@ -1,0 +1,209 @@
+"""Run under torchrun by tests/training/test_update.py: the trainer's update path under ZeRO-3
+against plain torch on the whole batch (an independent reference, not another run of our code).
+
+    torchrun --nproc_per_node {1,2} tests/training/update_worker.py MODEL_DIR OUT.json [--bypass=forward|scale]
+
+Phases, each at weights gathered from the engine so the reference sees exactly the same model:
+  grad_rl   accumulate() of the clipped-surrogate loss over several micro-batches per rank
+            (rank 1 of 2 ends on an equalising pad) == gradient of the whole batch's loss
+  grad_sft  the same for the SFT loss (token-mean NLL of the model-written tokens)
+  sgd       one ppo_update() with plain SGD moves every weight by -lr * g_whole_batch
+
+--bypass=forward runs the forward through engine.module (the code before the fix) and --bypass=scale
+leaves DeepSpeed's averaging over ranks uncompensated: the test must see both.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from utils.dist import prepare_launch_env  # noqa: E402
+
+prepare_launch_env()
+
+import torch  # noqa: E402
+
+from inference.trajectory import Trajectory  # noqa: E402
+from training.config import AlgoArgs, Config  # noqa: E402
+from utils import dist as D  # noqa: E402
+
+CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 0.05
+
+
+def make_trajs(vocab: int) -> list[Trajectory]:
+    """Eight solver trajectories in two groups; prompts and an <information> block carry mask 0."""
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for i in range(8):
+        n = int(torch.randint(24, 56, (1,), generator=g))
+        ids = torch.randint(0, vocab, (n,), generator=g).tolist()
+        mask = [0] * 6 + [1] * (n - 6)
+        mask[14:20] = [0] * 6                            # retrieved text: never carries loss
+        out.append(Trajectory(role="solver", group_id=f"q{i % 2}", token_ids=ids, loss_mask=mask,
+                              logprobs=[0.0] * n, reward=float(torch.rand((), generator=g) > 0.5)))
+    return out
+
+
+def reference_logprobs(model, traj) -> torch.Tensor:
+    """Plain HF forward of one unpacked sequence: log p(token_t | tokens_<t), 0 at t = 0."""
+    ids = torch.tensor(traj.token_ids)[None]
+    logits = model(input_ids=ids, use_cache=False).logits[0].float()             # (T, V)
+    lp = torch.log_softmax(logits[:-1], -1).gather(1, ids[0, 1:, None])[:, 0]      # (T-1,)
+    return torch.cat([torch.zeros(1), lp])
+
+
+def reference_pg_loss(model, trajs, adv, old) -> tuple[torch.Tensor, float]:
+    """The published clipped surrogate (PPO, with DAPO's clip-higher), token-mean over the batch."""
+    terms, n_tok, clipped = [], 0, 0
+    for t, a, o in zip(trajs, adv, old):
+        m = torch.tensor(t.loss_mask, dtype=torch.bool)
+        ratio = torch.exp(reference_logprobs(model, t) - o)
+        surr = torch.minimum(ratio * a, ratio.clamp(1 - CLIP_LOW, 1 + CLIP_HIGH) * a)
+        terms.append(-surr[m].sum())
+        n_tok += int(m.sum())
+        r = ratio.detach()[m]
+        clipped += int(((r > 1 + CLIP_HIGH) | (r < 1 - CLIP_LOW)).sum())
+    return torch.stack(terms).sum() / n_tok, clipped / n_tok
+
+
+def reference_sft_loss(model, trajs) -> torch.Tensor:
+    nll, n = [], 0
+    for t in trajs:
+        m = torch.tensor(t.loss_mask, dtype=torch.bool)
+        nll.append(-reference_logprobs(model, t)[m].sum())
+        n += int(m.sum())
+    return torch.stack(nll).sum() / n
+
+
+def gathered(engine) -> dict[str, torch.Tensor]:
+    import deepspeed
+    params = dict(engine.module.named_parameters())
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=None):
+        return {k: p.detach().clone() for k, p in params.items()}
+
+
+def full_grads(engine) -> dict[str, torch.Tensor]:
+    from deepspeed.utils import safe_get_full_grad
+    return {k: safe_get_full_grad(p).detach().clone() for k, p in engine.module.named_parameters()}
+
+
+def rel_err(got: dict, want: dict) -> float:
+    num = sum(float((got[k] - want[k]).double().pow(2).sum()) for k in want)
+    den = sum(float(want[k].double().pow(2).sum()) for k in want)
+    return (num / den) ** 0.5
+
+
+def main() -> None:
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from training.engine_builder import _load_model, build_ds_config
+    from training.loss import policy_loss
+    from training.sft import sft_loss
+    from training.update import accumulate, pack_equal, ppo_update
+
+    model_dir, out_path = sys.argv[1], Path(sys.argv[2])
+    bypass = next((a.split("=")[1] for a in sys.argv if a.startswith("--bypass=")), "")
+    D.init_distributed()
+    rank, world = D.rank(), D.world_size()
+    cfg = Config()
+    cfg.model.model_path, cfg.model.dtype, cfg.model.attn_implementation = model_dir, "fp32", "sdpa"
+    cfg.optimisation.max_grad_norm = 1e9       # no clipping: the update is exactly -lr * g
+    # the reference first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    ds_config = {**build_ds_config(cfg), "zero_allow_untested_optimizer": True}  # plain SGD
+    model, _keep = _load_model(cfg, ds_config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                      config=ds_config)
+    import training.update as U
+    if bypass == "forward":  # the code before the fix: the forward skipped DeepSpeedEngine.forward
+        from training.logprobs import sequence_logprobs
+        U.engine_logprobs = lambda e, mb, temp=1.0, ent=False, **kw: sequence_logprobs(e.module, mb, temp, ent)
+    if bypass == "scale":    # no compensation for DeepSpeed averaging gradients over ranks
+        U.dp_world_size = lambda e: 1
+    def sync_reference():
+        w = gathered(engine)
+        with torch.no_grad():
+            for k, p in ref.named_parameters():
+                p.copy_(w[k])
+        ref.zero_grad(set_to_none=True)
+        return w
+
+    trajs = make_trajs(ref.config.vocab_size)
+    # rank 0 gets 7 trajectories, rank 1 one: rank 1 runs out of micro-batches first and is padded last
+    mine_idx = list(range(8)) if world == 1 else (list(range(7)) if rank == 0 else [7])
+    mine = [trajs[i] for i in mine_idx]
+    budget = 64                                          # one or two sequences per micro-batch
+    # advantages: group-normalised rewards, by hand; old log-probs: the reference's, perturbed so
+    # that some ratios land outside [1 - clip_low, 1 + clip_high]
+    rewards = torch.tensor([t.reward for t in trajs])
+    adv_seq = torch.zeros(8)
+    for gid in ("q0", "q1"):
+        idx = [i for i, t in enumerate(trajs) if t.group_id == gid]
+        r = rewards[idx]
+        adv_seq[idx] = (r - r.mean()) / (r.std() + 1e-6) + 0.1 * torch.arange(len(idx))
+    g = torch.Generator().manual_seed(2)
+    w0 = sync_reference()
+    with torch.no_grad():
+        old = [reference_logprobs(ref, t) + 0.3 * torch.randn(len(t.token_ids), generator=g) for t in trajs]
+    adv = [torch.full((len(t.token_ids),), float(adv_seq[i])) for i, t in enumerate(trajs)]
+    res: dict = {"world": world, "bypass": bypass}
+
+    # ---- grad_rl: accumulated gradient of the clipped surrogate
+    per_token = {"advantages": [adv[i] for i in mine_idx], "old_logprobs": [old[i] for i in mine_idx]}
+    mbs, n_real = pack_equal(mine, budget, per_token)
+    res[f"rank{rank}_micro_batches"] = len(mbs)
+    res[f"rank{rank}_last_is_pad"] = bool(mbs[-1].is_dummy)
+    normaliser = D.all_reduce_sum([sum(int(mb.tensors["loss_mask"].sum()) for mb in mbs)])[0]
+
+    def pg_fn(mb, lp, ent):
+        t = mb.tensors
+        return policy_loss(lp, t["old_logprobs"], t["advantages"], t["loss_mask"], normaliser=normaliser,
+                           clip_low=CLIP_LOW, clip_high=CLIP_HIGH)
+
+    engine.train()
+    accumulate(engine, mbs, pg_fn)
+    got = full_grads(engine)
+    loss, clip_frac = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
+    loss.backward()
+    want = {k: p.grad for k, p in ref.named_parameters()}
+    res["grad_rl_rel_err"] = rel_err(got, want)
+    res["clip_frac"] = clip_frac
+    engine.optimizer.zero_grad()
+
+    # ---- grad_sft: the SFT loss through the same path
+    sync_reference()
+    mbs, _ = pack_equal(mine, budget)
+    n_tok = D.all_reduce_sum([sum(int(mb.tensors["loss_mask"].sum()) for mb in mbs)])[0]
+    accumulate(engine, mbs, lambda mb, lp, ent: (sft_loss(lp, mb) / n_tok, {}))
+    got = full_grads(engine)
+    reference_sft_loss(ref, trajs).backward()
+    res["grad_sft_rel_err"] = rel_err(got, {k: p.grad for k, p in ref.named_parameters()})
+    engine.optimizer.zero_grad()
+
+    # ---- sgd: one ppo_update moves the weights by -lr * g (g of the whole batch, in plain torch)
+    w_before = sync_reference()
+    assert all(torch.equal(w_before[k], w0[k]) for k in w0), "the gradient phases must not move the weights"
+    algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0)
+    metrics, n_steps = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
+                                  temperature=1.0, micro_token_budget=budget)
+    w_after = gathered(engine)
+    loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
+    loss.backward()
+    expected = {k: -LR * p.grad for k, p in ref.named_parameters()}
+    res["sgd_rel_err"] = rel_err({k: w_after[k] - w_before[k] for k in w_before}, expected)
+    res["sgd_optimizer_steps"] = n_steps
+    res["sgd_moved"] = max(float((w_after[k] - w_before[k]).abs().max()) for k in w_before)
+    flags = D.all_gather_object({k: v for k, v in res.items() if k.startswith(f"rank{rank}_")})
+    if rank == 0:
+        for f in flags:
+            res.update(f)
+        out_path.write_text(json.dumps(res, indent=2))
+
+
+if __name__ == "__main__":
+    main()

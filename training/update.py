@@ -1,0 +1,133 @@
+"""One optimizer step over packed micro-batches: the single training path of RL and SFT.
+
+    mbs = pack + equalise (same count on every rank)
+    for mb in mbs:  lp = engine_logprobs(engine, mb); loss = loss_fn(mb, lp); engine.backward(loss)
+    engine.step()
+
+Two facts this module exists for, each measured with DeepSpeed 0.19.8 (PLATFORM.md):
+- **The forward must go through DeepSpeedEngine.forward.** Under ZeRO-3 that is where
+  `optimizer.clear_backward_seen_flag()` advances `micro_step_id`; while it stays 0,
+  `partition_grads` *copies* each micro-batch's gradient instead of adding it. A forward through
+  `engine.module` therefore kept only the last micro-batch's gradient of every step.
+  `engine_logprobs` runs `sequence_logprobs` *as* the engine's forward (the same forward swap
+  `logprobs._call_head` uses for the lm_head), so every DeepSpeed forward prologue runs.
+- **DeepSpeed averages gradients over data-parallel ranks.** Our losses are each micro-batch's
+  share of a *global* sum (normalised by the global count, training/loss.py), whose gradient is
+  the sum over ranks. `accumulate` multiplies each loss by the data-parallel world size, so the
+  step's gradient is exactly the gradient of the whole batch (and gradient clipping sees it).
+
+Both are checked against plain torch on the whole batch (tests/training/test_update.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from utils import dist as D
+
+
+def engine_logprobs(engine, micro_batch, temperature: float = 1.0, compute_entropy: bool = False,
+                    **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`sequence_logprobs` of `engine.module` on a packed micro-batch, run through `engine(...)`.
+    Every training (and log-prob) forward of the trainer and of SFT goes through here."""
+    from training.logprobs import forward_swapped, sequence_logprobs
+
+    model = engine.module
+    with forward_swapped(model, lambda: sequence_logprobs(model, micro_batch, temperature, compute_entropy, **kw)):
+        return engine()
+
+
+def dp_world_size(engine) -> int:
+    """The data-parallel world DeepSpeed averages gradients over (the whole world for ZeRO here)."""
+    return int(getattr(engine, "dp_world_size", None) or D.world_size())
+
+
+def pack_equal(trajs, micro_token_budget: int, per_token: dict | None = None):
+    """Pack trajectories into one-row micro-batches and pad every rank to the same count
+    (ZeRO-3 forwards are collective). Returns (micro_batches, number of real ones)."""
+    from training.packing import equalise_micro_batches, pack_trajectories
+
+    mbs = pack_trajectories(trajs, micro_token_budget, per_token=per_token) if trajs else []
+    keys = ["loss_mask", "rollout_logprobs", *(per_token or {})]
+    return equalise_micro_batches(mbs, lambda v: int(D.all_reduce_max(v)), per_token_keys=keys), len(mbs)
+
+
+def accumulate(engine, micro_batches: Sequence, loss_fn: Callable, *, temperature: float = 1.0,
+               compute_entropy: bool = False) -> list[dict]:
+    """Forward and backward every micro-batch into one accumulated gradient; no optimizer step.
+
+    loss_fn(mb, logprobs, entropy) -> (loss, metrics), the loss being `mb`'s share of the global
+    loss of the whole step (across micro-batches and ranks). Collective: every rank must pass the
+    same number of micro-batches (pack_equal)."""
+    scale = dp_world_size(engine)
+    metrics = []
+    for k, mb in enumerate(micro_batches):
+        engine.set_gradient_accumulation_boundary(k == len(micro_batches) - 1)
+        lp, ent = engine_logprobs(engine, mb, temperature, compute_entropy)
+        loss, m = loss_fn(mb, lp, ent)
+        engine.backward(loss * scale)
+        metrics.append(m)
+    return metrics
+
+
+def split_mini_batches(trajs, n: int, seed: int) -> list[list[int]]:
+    """Indices of `trajs` in `n` mini-batches that keep each (role, group) together, so group
+    statistics stay whole; groups are dealt round-robin in a seeded shuffle."""
+    groups: dict = {}
+    for i, t in enumerate(trajs):
+        groups.setdefault((t.role, t.group_id), []).append(i)
+    keys = sorted(groups, key=str)
+    order = torch.randperm(len(keys), generator=torch.Generator().manual_seed(seed)).tolist()
+    out: list[list[int]] = [[] for _ in range(max(1, n))]
+    for j, g in enumerate(order):
+        out[j % len(out)].extend(groups[keys[g]])
+    return [sorted(b) for b in out]
+
+
+def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_token_budget: int,
+               seed: int = 0) -> tuple[list[dict], int]:
+    """The clipped-surrogate update of one SSP step. Returns (per-micro-batch metrics, optimizer steps).
+
+    algo: training.config.AlgoArgs. `update_mode` combined = both roles in one optimizer step,
+    sequential = the proposer's step, then the solver's. `ppo_epochs` x `ppo_mini_batches`
+    reuses the step's rollouts for several optimizer steps (the PPO ratio leaves 1 after the
+    first, and clipping acts); the old log-probs stay those of the rollout policy.
+    """
+    from training.loss import count_normaliser, policy_loss
+
+    roles = [None] if algo.update_mode == "combined" else ["proposer", "solver"]
+    metrics: list[dict] = []
+    n_steps = 0
+    engine.train()
+    for epoch in range(algo.ppo_epochs):
+        # The same split on every rank count is not needed: each rank splits its own trajectories,
+        # and the number of mini-batches (hence of optimizer steps) is fixed by the config.
+        minis = split_mini_batches(trajs, algo.ppo_mini_batches, seed + epoch)
+        for role in roles:
+            for mini in minis:
+                sub = [i for i in mini if role is None or trajs[i].role == role]
+                per_token = {"advantages": [adv[i] for i in sub], "old_logprobs": [old[i] for i in sub]}
+                if ref is not None:
+                    per_token["ref_logprobs"] = [ref[i] for i in sub]
+                mbs, _ = pack_equal([trajs[i] for i in sub], micro_token_budget, per_token)
+                local = sum(count_normaliser(mb.tensors["loss_mask"], algo.loss_agg, mb.cu_seqlens) for mb in mbs)
+                normaliser = D.all_reduce_sum([local])[0]
+                if normaliser == 0:  # nothing sampled anywhere: the same decision on every rank
+                    continue
+
+                def loss_fn(mb, lp, ent):
+                    t = mb.tensors
+                    return policy_loss(
+                        lp, t["old_logprobs"], t["advantages"], t["loss_mask"], normaliser=normaliser,
+                        agg=algo.loss_agg, cu_seqlens=mb.cu_seqlens, clip_low=algo.clip_low,
+                        clip_high=algo.clip_high, dual_clip=algo.dual_clip or None,
+                        ref_logprobs=t.get("ref_logprobs"), kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator,
+                        entropy=ent, entropy_coef=algo.entropy_coef, rollout_logprobs=t["rollout_logprobs"],
+                        tis_cap=algo.tis_cap or None)
+
+                metrics += accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True)
+                engine.step()
+                n_steps += 1
+    return metrics, n_steps
