@@ -174,6 +174,19 @@ def load_proposer_rows(path: str | Path, default_search_turns: int | None = None
     return out
 
 
+def clamp_search_turns(rows: list[ProposerRow], lo: int, hi: int) -> int:
+    """Move each row's search count n into [lo, hi] (in place) and return how many moved. The game
+    rejects questions with fewer than `lo` distinct searches and a rollout of max_turns turns has
+    room for max_turns - 1 searches before the question, so an n outside the range punishes a
+    proposer for obeying its prompt."""
+    moved = 0
+    for r in rows:
+        n = min(max(r.search_turns, lo), hi)
+        moved += n != r.search_turns
+        r.search_turns = n
+    return moved
+
+
 QUESTION_KEYS = ("question", "extra_info.question", "problem")
 GOLDEN_KEYS = ("golden_answers", "reward_model.ground_truth", "answer", "answers", "ground_truth")
 

@@ -178,8 +178,12 @@ def build_capitals(out: Path) -> int:
 
 
 # ---------------------------------------------------------------- proposer rows
-def build_proposer_rows(corpus: list[dict], eval_rows: list[dict], out: Path, n: int, seed: int) -> int:
-    """Ground-truth answers for the proposer: short entity titles from the corpus, with a search count 1-3.
+def build_proposer_rows(corpus: list[dict], eval_rows: list[dict], out: Path, n: int, seed: int,
+                        search_turns: tuple[int, int] = (2, 3)) -> int:
+    """Ground-truth answers for the proposer: short entity titles from the corpus, with a search count
+    drawn from `search_turns` (inclusive). The default [2, 3] is what train.py's defaults accept:
+    at least --min_searches 2 distinct searches, and at most --max_turns 4 - 1 (the last turn writes
+    the question). A count outside that range punishes the proposer for obeying its prompt.
 
     Titles that are the golden answer of any eval row are left out, so the
     proposer never practises on an eval answer.
@@ -193,7 +197,7 @@ def build_proposer_rows(corpus: list[dict], eval_rows: list[dict], out: Path, n:
         cands.append((title, d["id"]))
     rng = random.Random(seed)
     rng.shuffle(cands)
-    rows = [{"answer": t, "search_turns": rng.randint(1, 3), "data_source": "wiki", "title": t, "doc_id": i}
+    rows = [{"answer": t, "search_turns": rng.randint(*search_turns), "data_source": "wiki", "title": t, "doc_id": i}
             for t, i in cands[:n]]
     write_jsonl(out, rows)
     return len(rows)
@@ -226,11 +230,18 @@ def main() -> None:
     ap.add_argument("--proposer_rows", type=int, default=2000, help="how many proposer training rows to draw")
     ap.add_argument("--solver_qa_rows", type=int, default=2000, help="how many templated solver QA rows to write")
     ap.add_argument("--seed", type=int, default=0, help="seed for the proposer-row and QA draws")
+    ap.add_argument("--search_turns", default="2,3", help="MIN,MAX search count n of the proposer rows; keep it in "
+                                                        "[train.py --min_searches, --max_turns - 1]")
     args = ap.parse_args()
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
         ap.error(f"--only: unknown part(s) {bad}; choose from {PARTS}")
+    try:
+        lo, hi = (int(x) for x in args.search_turns.split(","))
+        assert 1 <= lo <= hi
+    except (ValueError, AssertionError):
+        ap.error(f"--search_turns must be MIN,MAX with 1 <= MIN <= MAX, got {args.search_turns!r}")
 
     try:
         corpus_path = args.out / "corpus" / "wiki.jsonl"
@@ -251,7 +262,7 @@ def main() -> None:
             out = args.out / "train" / "proposer.jsonl"
             if args.force or not out.exists():
                 eval_rows = [r for p in sorted(ev.glob("*.jsonl")) for r in read_jsonl(p)]
-                print(f"train: proposer rows {build_proposer_rows(corpus, eval_rows, out, args.proposer_rows, args.seed)}")
+                print(f"train: proposer rows {build_proposer_rows(corpus, eval_rows, out, args.proposer_rows, args.seed, (lo, hi))}")
             qa = args.out / "train" / "solver_qa.jsonl"
             if args.force or not qa.exists():
                 eval_rows = [r for p in sorted(ev.glob("*.jsonl")) for r in read_jsonl(p)]

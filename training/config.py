@@ -90,8 +90,11 @@ class SelfPlayArgs:
     prompts_per_step: int = F(4, "B: proposer prompts per step, global across ranks (each rank takes B / world)")
     proposer_n: int = F(1, "G_p: proposer samples per prompt")
     solver_n: int = F(4, "G_s: solver samples per valid question (one group, kept on one rank)")
-    proposer_reward: str = F("1-acc", "proposer reward over its question's solver group: 1-acc (SSP default) or 4s(1-s) (peaks at 50%)",
-                             choices=("1-acc", "4s(1-s)"))
+    proposer_reward: str = F("auto", "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
+                                     "4s(1-s) (peaks at 50%, 0 for a question nobody answers). auto = 1-acc when a RAG "
+                                     "check (--rag_verify judge|policy) rejects unanswerable questions, else 4s(1-s): "
+                                     "without the check 1-acc pays most for a question that is wrong",
+                             choices=("auto", "1-acc", "4s(1-s)"))
     format_penalty: float = F(-1.0, "proposer reward for an invalid question; below every valid reward (>= 0)")
     rag_verify: str = F("off", "RAG check of each question: answered from its own docs + distractors by the judge, the policy, or skipped",
                         choices=("judge", "policy", "off"))
@@ -238,7 +241,16 @@ def build_parser(description: str = "", groups: dict | None = None) -> argparse.
 def parse_config(argv: list[str] | None = None, description: str = "") -> Config:
     ns = build_parser(description).parse_args(argv)
     cfg = Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)}) for g, cls in GROUPS.items()})
+    resolve_defaults(cfg)
     validate_args(cfg)
+    return cfg
+
+
+def resolve_defaults(cfg: Config) -> Config:
+    """Turn "auto" choices into what they stand for, so config.json records what actually ran."""
+    sp = cfg.selfplay
+    if sp.proposer_reward == "auto":
+        sp.proposer_reward = "1-acc" if sp.rag_verify != "off" else "4s(1-s)"
     return cfg
 
 
@@ -301,6 +313,9 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
             errs.append("--self_play_enable false has no proposer to train; also pass --proposer_enable false")
         if not sp.solver_enable:
             errs.append("--self_play_enable false with --solver_enable false: nothing would train")
+    if sp.self_play_enable and sp.min_searches > r.max_turns - 1:
+        errs.append(f"--min_searches {sp.min_searches} needs --max_turns >= {sp.min_searches + 1} (got {r.max_turns}): "
+                    f"the proposer searches that many times and then needs one more turn to write the question")
     if sp.proposer_warm_up_steps < 0:
         errs.append(f"--proposer_warm_up_steps must be >= 0 (got {sp.proposer_warm_up_steps})")
     if sp.proposer_warm_up_steps and not sp.proposer_enable:

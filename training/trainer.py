@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.config import Config, validate_args
+from training.config import Config, resolve_defaults, validate_args
 from training.engine_builder import set_lr
+from training.update import changed_fraction, snapshot_weights
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
 
@@ -91,6 +92,7 @@ def seed_everything(seed: int) -> None:
 class SSPTrainer:
     def __init__(self, cfg: Config):
         D.init_distributed()
+        resolve_defaults(cfg)
         validate_args(cfg, world_size=D.world_size())
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
@@ -109,7 +111,7 @@ class SSPTrainer:
 
     # ------------------------------------------------------------------ set-up
     def _build(self) -> None:
-        from inference.data import load_proposer_rows
+        from inference.data import clamp_search_turns, load_proposer_rows
         from inference.engines import VLLMEngine
         from inference.game import GameConfig, QuestionPool
         from inference.judge import Judge
@@ -154,6 +156,10 @@ class SSPTrainer:
             for r in load_eval_rows(sp.pool_init):
                 self.pool.add(r.question, r.golden_answers, step=-1)
         self.rows = load_proposer_rows(sp.train_data) if sp.self_play_enable else []
+        moved = clamp_search_turns(self.rows, sp.min_searches, cfg.rollout.max_turns - 1)
+        if moved:
+            print0(f"--train_data: {moved} of {len(self.rows)} rows ask for a search count outside "
+                   f"[--min_searches {sp.min_searches}, --max_turns - 1 = {cfg.rollout.max_turns - 1}]; clamped into it")
         self.qa_rows = self._load_rows(sp.qa_data, None)
         for name, rows, wanted in (("--train_data", self.rows, sp.self_play_enable), ("--qa_data", self.qa_rows, bool(sp.qa_data))):
             if wanted and not rows:
@@ -296,9 +302,13 @@ class SSPTrainer:
                 old = self.forward_logprobs(self.actor, trajs)
             ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
         adv = self.advantages(trajs)
+        gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
             set_lr(self.actor, cfg, self.step)
+            snap = snapshot_weights(self.actor)
             upd = self.update(trajs, adv, old, ref)
+            upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
+        upd["actor/rollout_lp_gap"] = gap
         _fault_point("after_update", self.step)
 
         metrics = {**self._reduce_game_stats(game.stats), **upd, **sync}
@@ -340,6 +350,21 @@ class SSPTrainer:
         outs = [engine_logprobs(engine, mb, self.cfg.rollout.temperature)[0].float().cpu() for mb in mbs]
         engine.module.train(was_training)
         return unpack_to_sequences(mbs[:n_real], outs[:n_real], len(trajs)) if trajs else []
+
+    def _rollout_lp_gap(self, trajs, old, sample: int = 4) -> float:
+        """Mean |vLLM's sampled-token log-prob - the actor's| over the step's sampled tokens: near 0
+        when the weight sync and the two engines agree. With --old_logprobs rollout, `old` *is* vLLM's,
+        so the actor re-scores a few trajectories per rank (one small forward; collective)."""
+        if self.cfg.algorithm.old_logprobs == "rollout":
+            trajs = trajs[:sample]
+            old = self.forward_logprobs(self.actor, trajs)
+        num = den = 0.0
+        for t, lp in zip(trajs, old):
+            m = torch.tensor(t.loss_mask, dtype=torch.bool)
+            num += float((torch.tensor(t.logprobs)[m] - lp[m]).abs().sum())
+            den += float(m.sum())
+        num, den = D.all_reduce_sum([num, den])
+        return num / den if den else 0.0
 
     def advantages(self, trajs) -> list[torch.Tensor]:
         from training.advantages import compute_advantages

@@ -131,3 +131,26 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                 engine.step()
                 n_steps += 1
     return metrics, n_steps
+
+
+def _local_trainable(engine) -> list[torch.Tensor]:
+    """This rank's stored copy of each trained weight: the ZeRO-3 partition (in the run's dtype,
+    bf16 or fp32; the optimizer's fp32 master copy is elsewhere) or the full tensor."""
+    return [getattr(p, "ds_tensor", p.data).reshape(-1) for p in engine.module.parameters() if p.requires_grad]
+
+
+def snapshot_weights(engine, max_per_tensor: int = 1 << 18) -> list[torch.Tensor]:
+    """A sample (the first elements of each local partition) of the stored trained weights."""
+    return [t[:max_per_tensor].detach().clone() for t in _local_trainable(engine)]
+
+
+def changed_fraction(engine, snapshot: list[torch.Tensor]) -> float:
+    """Share of the sampled stored weights that changed since `snapshot`, over all ranks. In bf16 a
+    weight near 1.0 moves only by steps of 0.0078, so small Adam steps can leave most of it
+    unchanged although the fp32 master weights move: this says whether an update reached the model
+    that generates."""
+    now = [t[: len(s)] for t, s in zip(_local_trainable(engine), snapshot)]
+    changed = sum(int((a != b).sum()) for a, b in zip(now, snapshot))
+    total = sum(len(s) for s in snapshot)
+    c, n = D.all_reduce_sum([changed, total])
+    return c / n if n else 0.0

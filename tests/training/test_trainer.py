@@ -49,7 +49,7 @@ def workdir(tmp_path_factory, tiny_model_dir):
 def _args(w: Path, model: Path, out: Path) -> list[str]:
     return ["train.py", "--model_path", str(model), "--dtype", "fp32", "--gradient_checkpointing", "false",
             "--train_data", str(w / "rows.jsonl"), "--index", str(w / "bm25"), "--pool_init", str(w / "qa.jsonl"),
-            "--prompts_per_step", "2", "--solver_n", "2", "--total_steps", "3", "--max_turns", "2",
+            "--prompts_per_step", "2", "--solver_n", "2", "--total_steps", "3", "--max_turns", "2", "--min_searches", "1",
             "--max_tokens_per_turn", "24", "--max_total_tokens", "768", "--max_model_len", "1024",
             "--micro_token_budget", "1024", "--lr", "1e-3", "--entropy_coef", "0.01", "--save_every", "1",
             "--max_ckpts", "5", "--sample_every", "1", "--output_dir", str(out)]
