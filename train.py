@@ -12,6 +12,9 @@ engine, its share of the games, the packed loss, checkpointing):
     OMP_NUM_THREADS=1 torchrun --nproc_per_node 2 train.py --dtype fp32 --prompts_per_step 2 ...
     # plain python: a world of one
     python train.py --dtype fp32 ...
+    # check a command line without training: parse, validate, print the resolved config and the
+    # DeepSpeed config, and pass that config through deepspeed.initialize on a stand-in model
+    DRY_RUN=1 bash scripts/train_qwen2.5_7b_instruct.sh hostfile     # = train.py ... --dry_run
 
 Simplifications against the SSP paper's veRL release, on purpose:
   * one optimizer step per game (no PPO mini-batch epochs); old log-probs are recomputed
@@ -26,6 +29,7 @@ command line: --resume auto (the default) picks up the latest complete checkpoin
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -34,13 +38,146 @@ from utils.dist import prepare_launch_env
 # Environment that must be in place before torch / vLLM / DeepSpeed are imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM in this process, not a child
 prepare_launch_env()
+DESCRIPTION = (__doc__.split("\n")[0] + " Also: --dry_run checks the command line and the DeepSpeed config, "
+               "then exits (--dry_run_build_ops also builds DeepSpeed's CPU-Adam op when offload needs it).")
+
+
+# (group, flag) of every path validate_args looks for on disk.
+PATH_FLAGS = (("model", "model_path"), ("selfplay", "train_data"), ("selfplay", "qa_data"),
+              ("selfplay", "pool_init"), ("search", "index"))
+
+
+def split_own_flags(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """train.py's own flags (not part of the Config, so not in config.json); the rest is the Config's."""
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--dry_run", action="store_true")
+    p.add_argument("--dry_run_build_ops", action="store_true")
+    return p.parse_known_args(sys.argv[1:] if argv is None else argv)
+
+
+def config_errors(cfg, world_size: int | None) -> list[str]:
+    from training.config import ConfigError, validate_args
+    try:
+        validate_args(cfg, world_size)
+        return []
+    except ConfigError as e:
+        return str(e).split("\n  - ")[1:]
+
+
+def dry_run(argv: list[str], build_ops: bool) -> int:
+    """Check a command line where it is typed (a laptop, a login node, every node of the launch):
+    everything validate_args checks, against the launcher's world size, except files that are not on
+    this machine, which are listed instead; then print the resolved config and the DeepSpeed config,
+    and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
+    stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
+    other ranks validate and exit, and nobody joins the launcher's process group."""
+    import copy
+    import json
+    from dataclasses import fields
+    from pathlib import Path
+
+    from training.config import GROUPS, Config, build_parser, resolve_defaults
+
+    ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
+    cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+                                     for g, cls in GROUPS.items()}))
+    world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
+    # Refusals that go away when every missing path is swapped for one that exists are about
+    # files that are not on this machine: reported, not fatal. Everything else is fatal.
+    probe = copy.deepcopy(cfg)
+    for group, flag in PATH_FLAGS:
+        path = getattr(getattr(cfg, group), flag)
+        if path and not Path(path).exists():
+            setattr(getattr(probe, group), flag, __file__)
+    errors = config_errors(probe, world)
+    unchecked = [e for e in config_errors(cfg, world) if e not in errors]
+    local_rank = int(os.environ.get("LOCAL_RANK", max(cfg.deepspeed.local_rank, 0)))
+    if local_rank != 0:
+        return 1 if errors else 0
+    if errors:
+        print("train.py --dry_run: invalid configuration:\n  - " + "\n  - ".join(errors), file=sys.stderr)
+        return 1
+
+    from training.engine_builder import build_ds_config
+
+    ds_cfgs = {"actor": build_ds_config(cfg, train=True)}
+    if cfg.algorithm.kl_coef > 0:
+        ds_cfgs["reference"] = build_ds_config(cfg, train=False, offload_param=cfg.deepspeed.ref_offload)
+    print("train.py --dry_run: resolved config\n" + json.dumps(cfg.to_dict(), indent=2))
+    for name, ds in ds_cfgs.items():
+        print(f"DeepSpeed config ({name})\n" + json.dumps(ds, indent=2))
+    print(f"world size: {world} (the launcher's): --vllm_tp and --prompts_per_step were checked against it"
+          if world else "world size: unknown (not started by a launcher): --vllm_tp / --prompts_per_step not checked")
+    for e in unchecked:
+        print(f"not checked here (not on this machine; a run here would refuse it): {e}")
+    for line in deepspeed_check(cfg, ds_cfgs, build_ops):
+        print(line)
+    print("dry run: ok")
+    return 0
+
+
+def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
+    """deepspeed.initialize + one step on a stand-in nn.Linear, in a process group of one of this
+    process's own (the launcher's rendezvous is never joined), so DeepSpeed config errors surface."""
+    from utils.dist import free_port, init_distributed
+
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    init_distributed()
+    import deepspeed
+    import torch
+
+    from training.engine_builder import make_optimizer
+
+    lines, ds = [], dict(ds_cfgs["actor"])
+    model = torch.nn.Linear(16, 16)
+    opt_name = "DeepSpeedCPUAdam (optimizer offload)" if cfg.deepspeed.offload_optimizer else "torch.optim.AdamW"
+    if cfg.deepspeed.offload_optimizer and not build_ops and not cpu_adam_prebuilt():
+        # Building CPU-Adam costs ~150 s of gcc: check the op can build here, and run the rest
+        # of the config with torch AdamW in its place (the only key that changes is this one).
+        from deepspeed.ops.op_builder import CPUAdamBuilder
+        ok = CPUAdamBuilder().is_compatible()
+        lines.append(f"optimizer: {opt_name}; its cpu_adam op is {'buildable' if ok else 'NOT buildable'} here and "
+                     f"was not built (--dry_run_build_ops builds it, ~150 s); the check below ran torch AdamW with "
+                     f"zero_force_ds_cpu_optimizer=false in its place")
+        if not ok:
+            raise SystemExit("train.py --dry_run: DeepSpeed's cpu_adam op cannot be built on this machine")
+        ds["zero_force_ds_cpu_optimizer"] = False
+        opt = torch.optim.AdamW(model.parameters(), lr=cfg.optimisation.lr)
+    else:
+        lines.append(f"optimizer: {opt_name}")
+        opt = make_optimizer(cfg, list(model.parameters()))
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
+    dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else torch.float32
+    x = torch.randn(4, 16, dtype=dtype, device=engine.device)  # (B, H)
+    loss = engine(x).float().pow(2).mean()
+    engine.backward(loss)
+    engine.step()
+    if "reference" in ds_cfgs:
+        ref, *_ = deepspeed.initialize(model=torch.nn.Linear(16, 16), config=ds_cfgs["reference"])
+        with torch.no_grad():
+            ref(x)
+    lines.append(f"deepspeed.initialize + one step on a stand-in nn.Linear (world size 1, {engine.device}): ok, "
+                 f"{' and '.join(ds_cfgs)} config accepted")
+    return lines
+
+
+def cpu_adam_prebuilt() -> bool:
+    """True when DeepSpeed was installed with the cpu_adam op compiled for this accelerator
+    (DS_BUILD_CPU_ADAM=1 pip install deepspeed), so loading it costs no build."""
+    from deepspeed.accelerator import get_accelerator
+    from deepspeed.git_version_info import accelerator_name, installed_ops
+    return bool(installed_ops.get("cpu_adam")) and accelerator_name == get_accelerator()._name
 
 
 def main(argv: list[str] | None = None) -> None:
+    own, argv = split_own_flags(argv)
+    if own.dry_run or own.dry_run_build_ops:
+        sys.exit(dry_run(argv, own.dry_run_build_ops))
     from training.config import ConfigError, parse_config
 
     try:
-        cfg = parse_config(argv, description=__doc__.split("\n")[0])
+        cfg = parse_config(argv, description=DESCRIPTION)
         from training.trainer import SSPTrainer
 
         trainer = SSPTrainer(cfg)  # validates again once the world size is known

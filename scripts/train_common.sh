@@ -2,6 +2,10 @@
 # Shared launcher of the per-model-size scripts (scripts/train_<model>.sh). Not run directly.
 # Those scripts set MODEL/TEMPLATE/VLLM_TP/... and source this file with the hostfile as $1.
 # Every variable below can be overridden from the environment; extra arguments go to train.py.
+# DRY_RUN=1 adds --dry_run: parse, validate, print the resolved and DeepSpeed configs, check that
+# config with deepspeed.initialize on a stand-in model, and exit (no output dir, no log file).
+# LAUNCHER_ARGS are extra flags of the deepspeed launcher, e.g. for one machine without ssh:
+#   LAUNCHER_ARGS="--no_ssh_check --master_addr 127.0.0.1" (hostfile line: 'localhost slots=8').
 set -euo pipefail
 if [ $# -lt 1 ] || [ ! -f "$1" ]; then
   echo "usage: bash $0 HOSTFILE [extra train.py flags]   (hostfile lines: 'node1 slots=8')" >&2
@@ -9,7 +13,7 @@ if [ $# -lt 1 ] || [ ! -f "$1" ]; then
 fi
 HOSTFILE=$1; shift
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-: "${MODEL:?MODEL (an HF model folder) must be set}"
+: "${MODEL:?MODEL (an HF model folder, or a hub id such as Qwen/Qwen2.5-7B) must be set}"
 RUN_NAME=${RUN_NAME:-$(basename "$MODEL")-ssp}
 OUT=${OUT:-runs/$RUN_NAME}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000}   # one retriever per node: scripts/start_retriever.sh
@@ -25,19 +29,25 @@ LR=${LR:-1e-6}
 STEPS=${STEPS:-200}
 OFFLOAD=${OFFLOAD:-false}
 MICRO_TOKENS=${MICRO_TOKENS:-16384}
-mkdir -p "$OUT"
 judge=(--judge em)
 if [ -n "$JUDGE_URL" ]; then judge=(--judge llm --judge_url "$JUDGE_URL" --judge_model "$JUDGE_MODEL" --rag_verify judge); fi
+read -r -a launcher <<< "${LAUNCHER_ARGS:-}"
+cmd=(deepspeed --hostfile "$HOSTFILE" "${launcher[@]}" train.py
+  --model_path "$MODEL" --template "$TEMPLATE" --dtype bf16 --gradient_checkpointing true
+  --vllm_tp "$VLLM_TP" --gpu_memory_utilization "$GPU_MEM" --max_model_len 8192
+  --max_turns 6 --max_tokens_per_turn 1024 --max_total_tokens 8192 --max_info_tokens 1024
+  --retriever_url "$RETRIEVER_URL" --topk 3
+  --train_data "$TRAIN_DATA" --prompts_per_step "$PROMPTS_PER_STEP" --proposer_n 1 --solver_n "$SOLVER_N"
+  "${judge[@]}"
+  --proposer_estimator reinforce++ --solver_estimator grpo --clip_low 0.2 --clip_high 0.28
+  --lr "$LR" --warmup_steps 10 --total_steps "$STEPS" --micro_token_budget "$MICRO_TOKENS"
+  --zero_stage 3 --offload_optimizer "$OFFLOAD"
+  --output_dir "$OUT" --save_every 10 --max_ckpts 3
+  "$@")
 set -x
-deepspeed --hostfile "$HOSTFILE" train.py \
-  --model_path "$MODEL" --template "$TEMPLATE" --dtype bf16 --gradient_checkpointing true \
-  --vllm_tp "$VLLM_TP" --gpu_memory_utilization "$GPU_MEM" --max_model_len 8192 \
-  --max_turns 6 --max_tokens_per_turn 1024 --max_total_tokens 8192 --max_info_tokens 1024 \
-  --retriever_url "$RETRIEVER_URL" --topk 3 \
-  --train_data "$TRAIN_DATA" --prompts_per_step "$PROMPTS_PER_STEP" --proposer_n 1 --solver_n "$SOLVER_N" \
-  "${judge[@]}" \
-  --proposer_estimator reinforce++ --solver_estimator grpo --clip_low 0.2 --clip_high 0.28 \
-  --lr "$LR" --warmup_steps 10 --total_steps "$STEPS" --micro_token_budget "$MICRO_TOKENS" \
-  --zero_stage 3 --offload_optimizer "$OFFLOAD" \
-  --output_dir "$OUT" --save_every 10 --max_ckpts 3 \
-  "$@" 2>&1 | tee -a "$OUT/train.log"
+if [ "${DRY_RUN:-0}" = 1 ]; then
+  "${cmd[@]}" --dry_run
+else
+  mkdir -p "$OUT"
+  "${cmd[@]}" 2>&1 | tee -a "$OUT/train.log"
+fi

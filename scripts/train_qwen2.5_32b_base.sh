@@ -4,7 +4,7 @@
 #   MODEL=/models/local-copy RETRIEVER_URL=http://127.0.0.1:8000 JUDGE_URL=http://judge:8001/v1 bash scripts/train_qwen2.5_32b_base.sh hostfile
 # Defaults: vLLM TP=4 across neighbouring ranks, 128 prompts per step, ZeRO-3 with optimizer offload.
 export MODEL=${MODEL:-Qwen/Qwen2.5-32B}
-export TEMPLATE=${TEMPLATE:-rsearch}
+export TEMPLATE=${TEMPLATE:-r_search}
 export VLLM_TP=${VLLM_TP:-4}
 export PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-128}
 export OFFLOAD=${OFFLOAD:-true}

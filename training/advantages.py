@@ -63,9 +63,8 @@ def _all_reduce_sum(x: torch.Tensor, all_reduce: AllReduce | None) -> torch.Tens
     if all_reduce is not None:
         all_reduce(x)
     else:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        from utils import dist as D  # every collective goes through utils.dist (device per backend)
+        D.all_reduce_tensor(x, "sum")
     return x
 
 

@@ -121,6 +121,20 @@ def _load_model(cfg: Config, ds_config: dict):
     return model, keepalive
 
 
+def make_optimizer(cfg: Config, params):
+    """The actor's optimizer; train.py --dry_run checks the same choice.
+    No offload: torch AdamW, nothing is JIT-compiled (FusedAdam / CPU-Adam take ~150 s of gcc)
+    and checkpoint restore is exact (PLATFORM.md).
+    Optimizer offload: DeepSpeedCPUAdam, the optimizer made for it (deepspeed.initialize refuses
+    a torch optimizer under offload unless "zero_force_ds_cpu_optimizer" is false); its op is
+    JIT-built with gcc on first use (~150 s) and cached in TORCH_EXTENSIONS_DIR."""
+    o = cfg.optimisation
+    if cfg.deepspeed.offload_optimizer:
+        from deepspeed.ops.adam import DeepSpeedCPUAdam
+        return DeepSpeedCPUAdam(params, lr=o.lr, weight_decay=o.weight_decay, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+
+
 @dataclass
 class Engines:
     actor: object                 # deepspeed.DeepSpeedEngine
@@ -137,10 +151,7 @@ def build_engines(cfg: Config) -> Engines:
     freeze_lower_layers(model, cfg.model.train_top_layers)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    params = [p for p in model.parameters() if p.requires_grad]
-    # torch AdamW: nothing is JIT-compiled (FusedAdam / CPU-Adam take ~150 s of gcc) and
-    # checkpoint restore is exact (PLATFORM.md).
-    opt = torch.optim.AdamW(params, lr=cfg.optimisation.lr, weight_decay=cfg.optimisation.weight_decay)
+    opt = make_optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     # No LR scheduler inside DeepSpeed: the trainers call set_lr once per step.
     actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
     keepalive = [keep]

@@ -241,16 +241,11 @@ def dummy_micro_batch(per_token_keys: Sequence[str] = ("loss_mask",), per_seq_ke
 
 
 def global_max(value: int, all_reduce_max: AllReduceMax | None = None) -> int:
-    """Max of `value` over ranks: the callable if given, else torch.distributed if initialised, else `value`."""
+    """Max of `value` over ranks: the callable if given, else utils.dist (a no-op without a process group)."""
     if all_reduce_max is not None:
         return int(all_reduce_max(int(value)))
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        t = torch.tensor([int(value)], dtype=torch.long, device=device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return int(t.item())
-    return int(value)
+    from utils import dist as D
+    return int(D.all_reduce_max(int(value)))
 
 
 def equalise_micro_batches(micro_batches: list[MicroBatch], all_reduce_max: AllReduceMax | None = None,

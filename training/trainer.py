@@ -462,9 +462,7 @@ class SSPTrainer:
 
 
 def _all_reduce_tensor(t: torch.Tensor) -> None:
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    D.all_reduce_tensor(t, "sum")  # utils.dist puts it on the backend's device (NCCL: CUDA only)
 
 
 def _fault_point(where: str, step: int) -> None:

@@ -1,8 +1,10 @@
 """Distributed helpers: process-group start-up that works the same on CPU (gloo) and GPU (nccl).
 
-Every collective goes through torch.distributed; with a world of 1 (or no
-process group at all) the helpers degrade to local no-ops, so pure code can
-call them unconditionally.
+Every collective of this repo goes through the helpers below (tests/test_collectives_routed.py
+refuses a direct torch.distributed call elsewhere). NCCL moves CUDA tensors only and gloo CPU
+ones, so each helper puts its tensor on `collective_device(backend)` first. With a world of 1
+(or no process group at all) the helpers degrade to local no-ops, so pure code can call them
+unconditionally.
 """
 
 from __future__ import annotations
@@ -46,6 +48,18 @@ def disable_ds_shm_op() -> None:
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
 
+def default_backend(cuda_available: bool) -> str:
+    """The process-group backend for a machine: nccl with CUDA (DeepSpeed's ZeRO collectives move
+    CUDA tensors), gloo without."""
+    return "nccl" if cuda_available else "gloo"
+
+
+def collective_device(backend: str, cuda_index: int = 0) -> str:
+    """Where a tensor must live for a collective of `backend`: NCCL accepts CUDA tensors only;
+    gloo (and a mixed "cpu:gloo,cuda:nccl" group, for its CPU tensors) takes CPU ones."""
+    return f"cuda:{cuda_index}" if backend == "nccl" else "cpu"
+
+
 def init_distributed(backend: str | None = None) -> None:
     """Start the default process group before anything else. vLLM created first with TP=1
     would set up a group of world size 1 and DeepSpeed would then fail (PLATFORM.md)."""
@@ -57,13 +71,13 @@ def init_distributed(backend: str | None = None) -> None:
         return
     import deepspeed
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if not cuda:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         disable_ds_shm_op()
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    deepspeed.init_distributed(dist_backend=backend)
-    if torch.cuda.is_available():  # untested on GPU in CI: standard per-rank device pinning
+    else:  # untested on GPU (no GPU in CI): pin the rank's device before NCCL starts, as torch's docs ask
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    deepspeed.init_distributed(dist_backend=backend or default_backend(cuda))
 
 
 def rank() -> int:
@@ -80,36 +94,55 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def _multi_rank() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 def barrier() -> None:
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
 
 
+def all_reduce_tensor(t, op: str = "sum"):
+    """All-reduce `t` in place over ranks (op: "sum" or "max") and return it; a no-op on a single
+    process. The tensor is copied to the backend's device and back when they differ."""
+    import torch
+    import torch.distributed as dist
+    if not _multi_rank():
+        return t
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    device = torch.device(collective_device(dist.get_backend(), index))
+    # Untested on GPU (no GPU in CI): under NCCL a CPU tensor travels through a CUDA copy.
+    buf = t if t.device == device and t.is_contiguous() else t.contiguous().to(device)
+    dist.all_reduce(buf, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    if buf is not t:
+        t.copy_(buf)
+    return t
+
+
 def all_reduce_sum(values: list[float]) -> list[float]:
     """Sum a list of floats over ranks (float64, so counts stay exact)."""
     import torch
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _multi_rank():
         return [float(v) for v in values]
-    t = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t.tolist()
+    return all_reduce_tensor(torch.tensor(values, dtype=torch.float64), "sum").tolist()
 
 
 def all_reduce_max(value: int | float) -> float:
+    """Max of a number over ranks (float64: integers up to 2**53 stay exact)."""
     import torch
-    import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _multi_rank():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return t.item()
+    return all_reduce_tensor(torch.tensor([value], dtype=torch.float64), "max").item()
 
 
 def all_gather_object(obj):
+    """Every rank's `obj`, in rank order. NCCL pickles through the current CUDA device,
+    which init_distributed pins (torch's docs ask for it)."""
     import torch.distributed as dist
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if not _multi_rank():
         return [obj]
     out = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)

@@ -1,0 +1,123 @@
+"""utils.dist: the backend / device choice (a pure function, so it is tested on CPU), and the
+collective helpers, in a world of one and over two real gloo ranks."""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from utils import dist as D
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_backend_follows_cuda():
+    assert D.default_backend(cuda_available=True) == "nccl"
+    assert D.default_backend(cuda_available=False) == "gloo"
+
+
+@pytest.mark.parametrize("backend, index, device", [
+    ("nccl", 0, "cuda:0"), ("nccl", 3, "cuda:3"),   # NCCL moves CUDA tensors only
+    ("gloo", 0, "cpu"), ("gloo", 3, "cpu"),
+    ("cpu:gloo,cuda:nccl", 1, "cpu"),                # a mixed group serves CPU tensors with gloo
+])
+def test_collective_device_per_backend(backend, index, device):
+    assert D.collective_device(backend, index) == device
+
+
+def test_every_cuda_machine_gets_a_backend_whose_device_is_cuda():
+    """The pair init_distributed starts with: nccl on CUDA must reduce on CUDA; gloo on CPU."""
+    assert D.collective_device(D.default_backend(True), 2).startswith("cuda")
+    assert D.collective_device(D.default_backend(False)) == "cpu"
+
+
+def test_helpers_without_a_process_group_are_local():
+    assert D.all_reduce_sum([1, 2.5]) == [1.0, 2.5]
+    assert D.all_reduce_max(7) == 7
+    t = torch.tensor([1.0, 2.0])
+    assert D.all_reduce_tensor(t) is t and t.tolist() == [1.0, 2.0]
+    assert D.all_gather_object({"a": 1}) == [{"a": 1}]
+    D.barrier()
+    assert (D.rank(), D.world_size(), D.is_main()) == (0, 1, True)
+
+
+def test_under_nccl_no_cpu_tensor_reaches_the_collective(monkeypatch):
+    """A fake NCCL group of 2: every helper (and the packing / advantage fallbacks that route through
+    them) must hand all_reduce a CUDA tensor. Without CUDA the move itself fails, which is fine: the
+    bug was the CPU tensor reaching NCCL ("No backend type associated with device type cpu")."""
+    import torch.distributed as dist
+
+    from training.advantages import _all_reduce_sum
+    from training.packing import global_max
+
+    seen: list[str] = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(dist, "all_reduce", lambda t, op=None, group=None, async_op=False: seen.append(t.device.type))
+    calls = [lambda: D.all_reduce_sum([1.0]), lambda: D.all_reduce_max(3), lambda: D.all_reduce_tensor(torch.ones(2)),
+             lambda: global_max(4), lambda: _all_reduce_sum(torch.ones(3), None)]
+    for call in calls:
+        try:
+            call()
+        except (AssertionError, RuntimeError) as e:  # CPU-only torch: "Torch not compiled with CUDA enabled"
+            assert "CUDA" in str(e), e
+    assert "cpu" not in seen
+    if torch.cuda.is_available():
+        assert seen == ["cuda"] * len(calls)
+
+
+_TWO_RANKS = textwrap.dedent("""
+    import os, sys
+    sys.path.insert(0, os.environ["REPO"])
+    import torch, torch.distributed as dist, torch.multiprocessing as mp
+    from utils import dist as D
+    from training.packing import global_max
+    from training.advantages import _all_reduce_sum
+
+    def run(rank, store):
+        # A file store: no TCP port to race other processes for on a shared machine.
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+        out = {"sum": D.all_reduce_sum([rank + 1, 2 ** 40 + rank]), "max": D.all_reduce_max(10 * rank + 3)}
+        t = torch.arange(6, dtype=torch.float32).reshape(2, 3).t() * (rank + 1)   # non-contiguous, in place
+        D.all_reduce_tensor(t, "sum")
+        out["tensor"] = t.tolist()
+        m = torch.tensor([float(rank), 5.0 - rank])
+        out["tmax"] = D.all_reduce_tensor(m, "max").tolist()
+        out["objects"] = D.all_gather_object(f"r{rank}")
+        out["packing"] = global_max(7 if rank else 2)
+        out["advantages"] = _all_reduce_sum(torch.tensor([1.0, rank]), None).tolist()
+        D.barrier()
+        with open(f"{store}.rank{rank}", "w") as f:   # one file per rank: forked ranks share stdout
+            f.write(repr(out))
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        mp.start_processes(run, args=(sys.argv[1],), nprocs=2, start_method="fork")   # fork: no second torch import
+""")
+
+
+@pytest.mark.timeout(120)
+def test_helpers_over_two_gloo_ranks(tmp_path):
+    script = tmp_path / "two_ranks.py"
+    script.write_text(_TWO_RANKS)
+    env = dict(os.environ, REPO=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], env=env, capture_output=True,
+                          text=True, timeout=100)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        out = ast.literal_eval((tmp_path / f"store.rank{rank}").read_text())
+        assert out["sum"] == [3.0, 2.0 ** 41 + 1]          # float64: 2**41 + 1 stays exact
+        assert out["max"] == 13.0
+        assert out["tensor"] == [[0.0, 9.0], [3.0, 12.0], [6.0, 15.0]]
+        assert out["tmax"] == [1.0, 5.0]
+        assert out["objects"] == ["r0", "r1"]
+        assert out["packing"] == 7
+        assert out["advantages"] == [2.0, 1.0]
