@@ -19,7 +19,8 @@ question, through the same multi-turn loop as training (inference/rollout.py), s
 measure the policy the trainer produces. Without --judge_url the judge column is exact
 match (no server). Outputs in --out_dir: results.json (protocol + metrics), results.md
 (the protocol, then a table per data source and overall), examples.jsonl (one line per
-question). `evaluate()` is the reusable part: the trainer calls it for periodic eval.
+question), config.json (the flags); a folder that already holds any of them is refused
+unless --overwrite is given. `evaluate()` is the reusable part: the trainer calls it for periodic eval.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from utils.text import exact_match, f1_score, substring_match
 
 METRICS = ("em", "f1", "sub_em", "judge_acc", "turns_mean", "searches_mean", "no_answer_rate")
+# What main() writes into --out_dir. Any of them already there is refused without --overwrite; other
+# files (scripts/eval.sh tees its eval.log there first, a --judge_cache may live there) are left alone.
+OUTPUTS = ("results.json", "results.md", "examples.jsonl", "config.json")
 
 
 @dataclass
@@ -155,7 +159,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # data
     p.add_argument("--data", nargs="+", required=True, help="eval files: JSONL or parquet rows with question, golden_answers, data_source")
     p.add_argument("--limit", type=int, default=None, help="use only the first N rows of each file (a quick slice)")
-    p.add_argument("--out_dir", required=True, help="folder for results.json, results.md and examples.jsonl")
+    p.add_argument("--out_dir", required=True, help="folder for results.json, results.md, examples.jsonl and config.json")
+    p.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier eval in --out_dir "
+                   "(without it such a folder is refused)")
     # search backend (at most one)
     p.add_argument("--index", default=None, help="in-process retriever: an index folder built by retrieval/build_index.py")
     p.add_argument("--retriever_url", default=None, help="retrieval server URL (Search-R1 /retrieve API), e.g. http://127.0.0.1:8000")
@@ -187,6 +193,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.index and not (Path(a.index) / "manifest.json").exists():
         p.error(f"--index {a.index} is not a built index (no manifest.json); build one with "
                 "`python -m retrieval.build_index --corpus FILE --out DIR --kind bm25`")
+    taken = [n for n in OUTPUTS if (Path(a.out_dir) / n).exists()]
+    if Path(a.out_dir).exists() and not Path(a.out_dir).is_dir():
+        p.error(f"--out_dir {a.out_dir} is a file, not a folder")
+    if taken and not a.overwrite:
+        p.error(f"--out_dir {a.out_dir} already holds {', '.join(taken)} (an earlier eval, or another tool's "
+                f"config.json); pass --overwrite to replace them, or pick another --out_dir")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be >= 1, got {a.limit}")
     if a.max_total_tokens > a.max_model_len and a.engine == "vllm":

@@ -114,3 +114,27 @@ def test_cli_refuses_bad_flags(tmp_path, capsys):
         with pytest.raises(SystemExit):
             eval_cli.parse_args(base + extra)
         assert msg in capsys.readouterr().err
+
+
+def test_cli_refuses_to_replace_an_earlier_eval(tmp_path, capsys):
+    """An --out_dir holding any output of an earlier eval is refused without --overwrite (before the
+    model is loaded); files eval.py never writes (a wrapper's tee'd log) do not count."""
+    import eval as eval_cli
+
+    out = tmp_path / "ev"
+    out.mkdir()
+    (out / "eval.log").write_text("scripts/eval.sh tees its log here before eval.py starts\n")
+    base = ["--model", "m", "--data", "d.jsonl", "--out_dir", str(out)]
+    assert eval_cli.parse_args(base).out_dir == str(out)
+    for name in ("results.json", "results.md", "examples.jsonl", "config.json"):
+        (out / name).write_text("{}\n")
+        with pytest.raises(SystemExit):
+            eval_cli.parse_args(base)
+        err = capsys.readouterr().err
+        assert f"already holds {name}" in err and "--overwrite" in err and "another --out_dir" in err
+        assert eval_cli.parse_args(base + ["--overwrite"]).overwrite
+        (out / name).unlink()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(SystemExit):
+        eval_cli.parse_args(["--model", "m", "--data", "d.jsonl", "--out_dir", str(tmp_path / "f")])
+    assert "is a file" in capsys.readouterr().err

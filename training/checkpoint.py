@@ -1,22 +1,33 @@
-"""Checkpoints that resume a crashed run exactly, plus an HF export for eval.py and vLLM.
+"""Checkpoints that resume a crashed run exactly, the run folder's ownership, and a sharded HF export.
 
-Layout under <output_dir>/checkpoints/:
-    step_000010/                DeepSpeed save_checkpoint tag (ZeRO shards, optimizer, scheduler)
-    step_000010/trainer_rank{r}.pt   per-rank client state: step, RNG states (python, numpy, torch),
-                                data cursor, question pool, EMA baselines, curriculum state
-    step_000010/hf/             safetensors export (full weights, config, tokenizer)
-    latest                      the newest *complete* tag, written last and atomically
+Layout under <output_dir>/:
+    config.json                 the run's resolved config; a later launch with run-defining
+                                differences is refused unless --overwrite true (`claim_output_dir`)
+    checkpoints/run_id          the id of the run that owns this folder
+    checkpoints/step_000010/    DeepSpeed save_checkpoint tag (ZeRO shards, optimizer, scheduler)
+        run_id                  written first: rotation deletes only folders carrying this run's id
+        trainer_rank{r}.pt      per-rank client state: step, RNG states, data cursor, question pool,
+                                EMA baselines, curriculum; plain types only, read with weights_only=True
+        hf/                     HF export: model-0000k-of-0000N.safetensors + model.safetensors.index.json
+                                (one model.safetensors when it fits in one shard), config, tokenizer
+    checkpoints/latest          the newest *complete* tag, written last and atomically
 
-A run killed mid-save leaves `latest` on the previous complete checkpoint, so
-`--resume auto` never loads a half-written one.
+A run killed mid-save leaves `latest` on the previous complete checkpoint, so `--resume auto`
+never loads a half-written one; the half-written folder carries this run's id and is replaced
+when the resumed run saves that step again.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import re
 import shutil
+import time
+import uuid
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +36,27 @@ import torch
 from utils import dist as D
 
 TAG_RE = re.compile(r"^step_(\d+)$")
+RUN_ID = "run_id"
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # per safetensors file of the HF export (save_pretrained's own default is 50GB)
+
+# Config fields that may change between launches of one run: they change how a run is watched,
+# saved, placed in memory or reached over the network, never what it trains. Everything else
+# (model, data, search backends, algorithm, optimizer, seed, vLLM TP and its data split) defines
+# the run, and a different value in an existing output_dir is refused without --overwrite.
+OPERATIONAL = frozenset({
+    "logging.output_dir", "logging.log_every", "logging.sample_every", "logging.tensorboard",
+    "optimisation.total_steps",       # extending a run; cosine/linear LR and the simulated-search noise
+                                      # curriculum stretch to the new total from the resumed step on
+    "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
+    "model.gradient_checkpointing",   # recompute, same math
+    "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
+    "checkpointing.overwrite",
+    "eval.eval_every", "eval.eval_data", "eval.eval_limit",  # evaluation reads the weights, never trains them
+    "deepspeed.local_rank", "deepspeed.offload_param", "deepspeed.ref_offload",
+    "rollout.gpu_memory_utilization", "rollout.kv_cache_mb", "rollout.sync_bucket_mb",
+    "search.retriever_url", "search.sim_url", "selfplay.judge_url",  # services move between restarts
+})
+STARTED_OVER = ("metrics.jsonl", "samples", "tensorboard")  # the trainer's logs, deleted with --overwrite
 
 
 def tag_for(step: int) -> str:
@@ -35,47 +67,382 @@ def ckpt_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def rng_state() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+def fault_point(where: str, step: int) -> None:
+    """Crash injection for the tests: SSP_FAULT=in_save:2 kills the process (no clean-up, like a
+    node failure) in the middle of writing checkpoint 2 (same variable as the trainer's points)."""
+    if os.environ.get("SSP_FAULT", "") == f"{where}:{step}":
+        print(f"SSP_FAULT: killing rank {D.rank()} at {where} of step {step}", flush=True)
+        os._exit(17)
 
 
-def set_rng_state(s: dict) -> None:
-    random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
-    torch.set_rng_state(s["torch"])
+# ----------------------------------------------------------------------------- the run folder
 
-
-def gather_full_state_dict(module) -> dict[str, torch.Tensor]:
-    """Full (unpartitioned) weights on every rank, gathered one parameter at a time so a
-    large model never needs two copies. Collective: every rank must call it."""
-    import deepspeed
-
+def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
-    for name, p in module.named_parameters():
-        with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
-            out[name] = p.data.detach().to("cpu", copy=True)
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 
-def export_hf(module, tokenizer_dir: str | Path, out_dir: str | Path) -> None:
-    """Write a plain HF folder (safetensors) of the actor's current weights. Collective."""
-    state = gather_full_state_dict(module)
-    if D.is_main():
-        from safetensors.torch import save_file
-        from transformers import AutoTokenizer
+def config_diff(old: dict, new: dict) -> dict[str, tuple]:
+    """{"group.field": (old, new)} for every run-defining field whose value differs. A field the
+    old config.json lacks (written before the field existed) counts as its default."""
+    from training.config import Config
 
-        out_dir = Path(out_dir)
-        tmp = out_dir.with_name(out_dir.name + ".tmp")
+    new = _flat(json.loads(json.dumps(new)))
+    old = {**_flat(json.loads(json.dumps(Config().to_dict()))), **_flat(old)}
+    return {k: (old.get(k), v) for k, v in new.items() if k not in OPERATIONAL and old.get(k) != v}
+
+
+def _owner(path: Path) -> str | None:
+    try:
+        return (path / RUN_ID).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def run_id(output_dir: str | Path) -> str:
+    """This folder's run id; a folder without one (an SFT run, or one made before run ids) gets one now."""
+    root = ckpt_root(output_dir)
+    rid = _owner(root)
+    if rid is None:
+        root.mkdir(parents=True, exist_ok=True)
+        rid = _new_run_id()
+        _write_atomic(root / RUN_ID, rid + "\n")
+    return rid
+
+
+def _trash(path: Path) -> None:
+    """Delete a checkpoint folder: renamed first (atomic), so a crash mid-delete never leaves a
+    half-deleted folder that still looks like a checkpoint."""
+    gone = path.with_name(path.name + ".trash")
+    shutil.rmtree(gone, ignore_errors=True)
+    os.replace(path, gone)
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def claim_output_dir(output_dir: str | Path, config: dict) -> str:
+    """Rank 0's part of `prepare_output_dir`, for the resolved `config` (Config.to_dict()): decide
+    whether this launch continues the run in output_dir, starts over in it (only with --overwrite),
+    or is refused; write config.json and the run id; return the run id. Refuses (ConfigError) when
+    config.json differs in a run-defining field, when checkpoints exist without a config.json, and
+    when --resume none would start over on top of the run's checkpoints."""
+    from training.config import ConfigError
+
+    resume, overwrite = config["checkpointing"]["resume"], bool(config["checkpointing"].get("overwrite"))
+    out, root = Path(output_dir), ckpt_root(output_dir)
+    cfg_file = out / "config.json"
+    has_ckpt = (root / "latest").exists()
+    old, diffs, what = None, {}, ""
+    if cfg_file.exists():
+        try:
+            old = json.loads(cfg_file.read_text())
+        except (OSError, ValueError):
+            old = None
+        if isinstance(old, dict):
+            diffs = config_diff(old, config)
+            what = "these run-defining fields differ:\n" + "\n".join(
+                f"    {k}: {o!r} (in {cfg_file}) -> {n!r} (now)" for k, (o, n) in sorted(diffs.items()))
+        else:
+            diffs, what = {"config.json": None}, f"its {cfg_file} is unreadable, so it cannot be compared"
+    elif has_ckpt:
+        diffs, what = {"config.json": None}, "it holds checkpoints but no config.json, so their run is unknown"
+    if diffs and not overwrite:
+        raise ConfigError(
+            f"--output_dir {out} holds another run: {what}\n"
+            f"  Resuming it with these settings would mix two runs. Pass --overwrite true to start over in this "
+            f"folder (deletes that run's checkpoints, metrics.jsonl, samples/ and tensorboard/), or pick another "
+            f"--output_dir. Fields that may change on resume: {', '.join(sorted(OPERATIONAL))}")
+    if resume == "none" and has_ckpt and not diffs and not overwrite:
+        raise ConfigError(f"--resume none would start over in {out}, on top of its checkpoints "
+                          f"({(root / 'latest').read_text().strip()} is the latest); pass --overwrite true to replace "
+                          f"them, --resume auto to continue, or pick another --output_dir")
+    prev = _owner(root)
+    if overwrite and (diffs or (resume == "none" and has_ckpt)):
+        # an explicit --resume folder inside this run is kept: it is what the new start loads
+        keep = Path(resume).resolve() if resume not in ("auto", "none") else None
+        deleted = 0
+        if prev is not None and root.is_dir():
+            for p in sorted(root.iterdir()):
+                if p.is_dir() and TAG_RE.match(p.name) and _owner(p) == prev and p.resolve() != keep:
+                    _trash(p)
+                    deleted += 1
+        (root / "latest").unlink(missing_ok=True)
+        for name in STARTED_OVER:
+            p = out / name
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        print(f"--overwrite: starting over in {out}; deleted {deleted} checkpoint(s) of run {prev} and its logs "
+              f"(folders of other runs are kept)", flush=True)
+        prev = None
+    elif isinstance(old, dict):
+        changed = {k: v for k, v in config_diff_all(old, config).items() if k not in diffs}
+        if changed:
+            print("config.json: operational fields changed since the last launch: "
+                  + ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in sorted(changed.items())), flush=True)
+    elif not has_ckpt:
+        prev = None  # a fresh run in this folder
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(cfg_file, json.dumps(config, indent=2) + "\n")
+    rid = prev or _new_run_id()
+    root.mkdir(parents=True, exist_ok=True)
+    _write_atomic(root / RUN_ID, rid + "\n")
+    return rid
+
+
+def config_diff_all(old: dict, new: dict) -> dict[str, tuple]:
+    """Like config_diff, but over every field (operational ones too), ignoring local_rank."""
+    new, old = _flat(json.loads(json.dumps(new))), _flat(old)
+    return {k: (old.get(k), v) for k, v in new.items() if k in old and old[k] != v and k != "deepspeed.local_rank"}
+
+
+def prepare_output_dir(cfg) -> str:
+    """Create output_dir and write config.json, or refuse a folder that holds another run (see
+    `claim_output_dir`). Collective: rank 0 decides, every rank raises the same ConfigError or
+    returns the same run id."""
+    from training.config import ConfigError
+
+    verdict = None
+    if D.is_main():
+        try:
+            verdict = ("ok", claim_output_dir(cfg.logging.output_dir, cfg.to_dict()))
+        except ConfigError as e:
+            verdict = ("refused", str(e))
+    kind, value = D.all_gather_object(verdict)[0]
+    if kind == "refused":
+        raise ConfigError(value)
+    return value
+
+
+# ----------------------------------------------------------------------------- client state
+
+def rng_state() -> dict:
+    """Python, numpy and torch RNG states as plain types and tensors (loadable with weights_only=True)."""
+    version, internal, gauss = random.getstate()
+    n = np.random.get_state(legacy=False)
+    return {"python": [version, list(internal), gauss],
+            "numpy": {"bit_generator": n["bit_generator"], "key": n["state"]["key"].tolist(), "pos": int(n["state"]["pos"]),
+                      "has_gauss": int(n["has_gauss"]), "gauss": float(n["gauss"])},
+            "torch": torch.get_rng_state()}
+
+
+def set_rng_state(s: dict) -> None:
+    version, internal, gauss = s["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = s["numpy"]
+    if isinstance(n, dict):
+        np.random.set_state({"bit_generator": n["bit_generator"],
+                             "state": {"key": np.asarray(n["key"], dtype=np.uint32), "pos": n["pos"]},
+                             "has_gauss": n["has_gauss"], "gauss": n["gauss"]})
+    else:  # a legacy tuple, from a checkpoint loaded with SSP_TRUST_CHECKPOINT=1
+        np.random.set_state(n)
+    torch.set_rng_state(s["torch"])
+
+
+def plain_state(obj, where: str = "state"):
+    """`obj` as what torch.load(weights_only=True) reads back: dicts, lists, tuples, str, int,
+    float, bool, None and CPU tensors. numpy values become python ones and deques lists; anything
+    else raises TypeError naming its place, before a checkpoint is written."""
+    if obj is None or isinstance(obj, (str, bool, int, float)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, dict):
+        return {plain_state(k, f"{where} key"): plain_state(v, f"{where}[{k!r}]") for k, v in obj.items()}
+    if isinstance(obj, (list, deque)):
+        return [plain_state(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return tuple(plain_state(v, f"{where}[{i}]") for i, v in enumerate(obj))
+    raise TypeError(f"checkpoint {where} is a {type(obj).__name__}, which torch.load(weights_only=True) cannot "
+                    f"read back; store it as plain types (dict/list/str/int/float/bool/None) or tensors")
+
+
+def read_client_state(path: Path) -> dict:
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:
+        if os.environ.get("SSP_TRUST_CHECKPOINT") == "1":
+            return torch.load(path, weights_only=False)
+        raise RuntimeError(
+            f"{path} holds objects other than plain types and tensors, so it is not loaded (torch.load "
+            f"weights_only=True; an older version of this trainer wrote numpy RNG states this way). If you trust the "
+            f"file, set SSP_TRUST_CHECKPOINT=1 once; the next checkpoint is written in the safe form.\n{e}") from e
+
+
+# ----------------------------------------------------------------------------- HF export
+
+_ST_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+              torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+class _ShardWriter:
+    """Streams tensors into the safetensors files of a shard plan, in any order. Each file's header
+    is known from the plan (names, dtypes, full shapes), so it is written when the file is opened
+    and every tensor's bytes go straight to their offset: nothing is held beyond the tensor being
+    written. Layout as safetensors itself lays it out (by dtype size, then name, no gaps)."""
+
+    def __init__(self, folder: Path, filename_to_tensors: dict[str, list[str]], metas: dict[str, torch.Tensor]):
+        self.folder, self.metas = folder, metas
+        self.files: dict[str, dict] = {}
+        self.file_of: dict[str, str] = {}
+        for fname, names in filename_to_tensors.items():
+            names = sorted(names, key=lambda k: (-metas[k].element_size(), k))
+            header, offsets, pos = {}, {}, 0
+            for k in names:
+                t = metas[k]
+                end = pos + t.numel() * t.element_size()
+                header[k] = {"dtype": _ST_DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [pos, end]}
+                offsets[k], pos = pos, end
+                self.file_of[k] = fname
+            header["__metadata__"] = {"format": "pt"}
+            raw = json.dumps(header, separators=(",", ":")).encode()
+            raw += b" " * (-len(raw) % 8)  # safetensors pads the header so the data starts 8-byte aligned
+            self.files[fname] = {"header": raw, "offsets": offsets, "left": set(names), "size": pos, "fh": None}
+
+    def write(self, name: str, tensor: torch.Tensor) -> None:
+        f = self.files[self.file_of[name]]
+        meta = self.metas[name]
+        if tuple(tensor.shape) != tuple(meta.shape) or tensor.dtype != meta.dtype:
+            raise RuntimeError(f"export: {name} gathered as {tuple(tensor.shape)} {tensor.dtype}, planned as "
+                               f"{tuple(meta.shape)} {meta.dtype}")
+        if f["fh"] is None:
+            f["fh"] = open(self.folder / self.file_of[name], "wb")
+            f["fh"].write(len(f["header"]).to_bytes(8, "little") + f["header"])
+            f["start"] = 8 + len(f["header"])
+        cpu = tensor.detach().to("cpu").contiguous()  # a GPU tensor: one tensor's copy at a time
+        f["fh"].seek(f["start"] + f["offsets"][name])
+        f["fh"].write(cpu.reshape(-1).view(torch.uint8).numpy())
+        f["left"].discard(name)
+        if not f["left"]:
+            f["fh"].truncate(f["start"] + f["size"])
+            f["fh"].close()
+
+    def close(self) -> None:
+        missing = sorted(k for f in self.files.values() for k in f["left"])
+        if missing:
+            raise RuntimeError(f"export: {len(missing)} planned tensors were never written, e.g. {missing[:3]}")
+
+
+_LIBC = None  # glibc, loaded on first use; False where there is none
+
+
+def _trim_heap() -> None:
+    """Hand the pages of a released CPU gather back to the OS (glibc only; elsewhere a no-op). The
+    allocator otherwise keeps freed layer buffers resident and scattered over arenas, and RSS
+    climbed to ~3x the largest group over one export instead of staying at one group's gather."""
+    global _LIBC
+    if _LIBC is None:
+        import ctypes
+        import ctypes.util
+
+        try:
+            _LIBC = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+            _LIBC.malloc_trim.argtypes = [ctypes.c_size_t]
+        except (OSError, AttributeError):
+            _LIBC = False
+    if _LIBC:
+        _LIBC.malloc_trim(0)
+
+
+def _full_meta(t: torch.Tensor) -> torch.Tensor:
+    """A meta tensor with the full (unpartitioned) shape: ZeRO-3 keeps it in ds_shape."""
+    return torch.empty(tuple(getattr(t, "ds_shape", t.shape)), dtype=t.dtype, device="meta")
+
+
+def export_hf(module, tokenizer_dir: str | Path, out_dir: str | Path, *,
+              max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
+    """Write a plain HF folder of the actor's current weights, in save_pretrained's format:
+    model-0000k-of-0000N.safetensors + model.safetensors.index.json (or one model.safetensors).
+    Collective: every rank enters one GatheredParameters per layer group (a decoder layer, or a
+    run of non-layer tensors such as the embeddings), and only rank 0 writes, tensor by tensor,
+    so every rank's extra memory is one gathered layer group, never the whole model (on CPU, gloo's
+    all-gather briefly holds a second copy of it: bench/RESULTS.md, section export)."""
+    import deepspeed
+    from huggingface_hub import split_torch_state_dict_into_shards
+
+    from inference.engines import group_by_layer
+
+    out_dir = Path(out_dir)
+    params = list(module.named_parameters())  # tied weights appear once, as save_pretrained writes them
+    in_state = set(module.state_dict().keys())
+    buffers = [(n, b) for n, b in module.named_buffers() if n in in_state]  # persistent ones; never partitioned
+    metas = {n: _full_meta(t) for n, t in params + buffers}
+    plan = split_torch_state_dict_into_shards(metas, filename_pattern="model{suffix}.safetensors",
+                                              max_shard_size=max_shard_size)
+    main = D.is_main()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    if main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        writer = _ShardWriter(tmp, plan.filename_to_tensors, metas)
+    for group in group_by_layer(params):
+        with deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None):
+            on_cpu = all(p.data.device.type == "cpu" for _, p in group)
+            if main:
+                for name, p in group:
+                    writer.write(name, p.data)
+        if on_cpu:
+            _trim_heap()
+    if main:
+        for name, b in buffers:
+            writer.write(name, b)
+        writer.close()
+        if plan.is_sharded:
+            n_params = sum(metas[n].numel() for n, _ in params)
+            index = {"metadata": {"total_parameters": n_params, **plan.metadata}, "weight_map": plan.tensor_to_filename}
+            (tmp / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        from transformers import AutoTokenizer
+
         module.config.save_pretrained(tmp)
         if getattr(module, "generation_config", None) is not None:
             module.generation_config.save_pretrained(tmp)
         AutoTokenizer.from_pretrained(tokenizer_dir).save_pretrained(tmp)
-        shutil.rmtree(out_dir, ignore_errors=True)
+        old = out_dir.with_name(out_dir.name + ".old")
+        if out_dir.exists():
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out_dir, old)
         os.replace(tmp, out_dir)
+        shutil.rmtree(old, ignore_errors=True)
     D.barrier()
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- save / resume
+
+def _make_room(path: Path, rid: str, latest: str | None) -> None:
+    """Before writing checkpoint `path`: a folder of this run under that name is a half-written
+    one from a killed save (it cannot be `latest`), so it goes; a folder of another run or of
+    none (copied in by hand) is moved aside, never written into or deleted."""
+    if not path.exists() or path.name == latest:
+        return
+    if _owner(path) == rid:
+        _trash(path)
+        return
+    k, aside = 0, path.with_name(path.name + ".not-this-run")
+    while aside.exists():
+        k += 1
+        aside = path.with_name(f"{path.name}.not-this-run{k}")
+    owner = _owner(path) or "no run id"
+    os.replace(path, aside)
+    print(f"[warn] {path} belongs to another run ({owner}); moved it to {aside.name} so this run's "
+          f"checkpoint does not overwrite it", flush=True)
 
 
 def save(engine, output_dir: str | Path, step: int, client_state: dict, *, tokenizer_dir: str | Path,
@@ -84,28 +451,42 @@ def save(engine, output_dir: str | Path, step: int, client_state: dict, *, token
     root = ckpt_root(output_dir)
     tag = tag_for(step)
     path = root / tag
-    path.mkdir(parents=True, exist_ok=True)
-    state = dict(client_state, step=step, rng=rng_state(), world_size=D.world_size())
+    state = plain_state(dict(client_state, step=step, rng=rng_state(), world_size=D.world_size()))
+    if D.is_main():
+        rid = run_id(output_dir)
+        latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
+        _make_room(path, rid, latest)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / RUN_ID).write_text(rid + "\n")  # first: a folder killed mid-save is still known as this run's
+    D.barrier()
+    path.mkdir(parents=True, exist_ok=True)  # ranks on other nodes without a shared filesystem
     torch.save(state, path / f"trainer_rank{D.rank()}.pt")
     if export:
         export_hf(engine.module, tokenizer_dir, path / "hf")
+    fault_point("in_save", step)
     engine.save_checkpoint(str(root), tag=tag, client_state={"step": step}, save_latest=False)
     D.barrier()
     if D.is_main():
-        tmp = root / "latest.tmp"
-        tmp.write_text(tag + "\n")
-        os.replace(tmp, root / "latest")  # the commit point
+        _write_atomic(root / "latest", tag + "\n")  # the commit point
         _rotate(root, keep=max_ckpts)
     D.barrier()
     return path
 
 
 def _rotate(root: Path, keep: int) -> None:
-    tags = sorted((int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := TAG_RE.match(p.name)))
+    """Keep this run's `keep` newest checkpoints (and `latest`); delete only folders that carry
+    this run's id. Folders copied in by hand or left by another run are never touched."""
+    rid = _owner(root)
+    if keep <= 0 or rid is None:
+        return
+    for p in root.glob("step_*.trash"):  # a rotation killed mid-delete
+        shutil.rmtree(p, ignore_errors=True)
+    ours = sorted((int(m.group(1)), p) for p in root.iterdir()
+                  if p.is_dir() and (m := TAG_RE.match(p.name)) and _owner(p) == rid)
     latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
-    for _, p in tags[:-keep] if keep > 0 else []:
+    for _, p in ours[:-keep]:
         if p.name != latest:
-            shutil.rmtree(p, ignore_errors=True)
+            _trash(p)
 
 
 def find_resume(output_dir: str | Path, resume: str) -> Path | None:
@@ -135,8 +516,7 @@ def load(engine, path: Path) -> dict:
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load the checkpoint at {path}")
     own = path / f"trainer_rank{D.rank()}.pt"
-    src = own if own.exists() else path / "trainer_rank0.pt"
-    state = torch.load(src, weights_only=False)
+    state = read_client_state(own if own.exists() else path / "trainer_rank0.pt")
     if state.get("world_size") != D.world_size():
         # Per-rank pools and RNG streams cannot be split or merged exactly; the run goes on
         # from rank 0's bookkeeping and says so.

@@ -170,6 +170,10 @@ class CkptArgs:
     max_ckpts: int = F(2, "keep this many most recent checkpoints")
     resume: str = F("auto", "auto = the latest checkpoint in output_dir if any; none; or a checkpoint folder")
     export_hf: bool = F(True, "also write an HF safetensors export (for eval.py and vLLM) at each checkpoint")
+    overwrite: bool = F(False, "start over in an --output_dir whose config.json differs in a run-defining field (or "
+                               "with --resume none over its checkpoints): deletes that run's checkpoints, "
+                               "metrics.jsonl, samples/ and tensorboard/. Without it such a folder is refused; "
+                               "fields that may change on resume are listed in training/checkpoint.py OPERATIONAL")
 
 
 @dataclass

@@ -97,10 +97,8 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        if D.is_main():
-            self.out.mkdir(parents=True, exist_ok=True)
-            cfg.save(self.out / "config.json")
-        D.barrier()
+        from training.checkpoint import prepare_output_dir
+        self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
         self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard)
         self._build()
         self.step = 0
