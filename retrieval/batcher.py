@@ -15,6 +15,9 @@ min(max_wait_s, wait_frac x the last batch's compute time). A lone client theref
 waits (expected 0 + 1), a GPU batch of 10 ms waits at most 2.5 ms, and on a CPU (batches of
 ~1 s) groups of clients merge instead of alternating: measured with 64 closed-loop clients and
 a plain 5 ms wait, batches settled into 2, 62, 2, 62, ...
+
+Failures: if the search raises on a batch of several requests, each request is re-run on its
+own, so a query that breaks the search fails only the request that sent it.
 """
 
 from __future__ import annotations
@@ -111,38 +114,60 @@ class MicroBatcher:
         self._queued -= n
         return batch
 
+    async def _search(self, items: list[_Item]) -> list[Any]:
+        """fn over the queries of `items`, in the worker thread; raises what fn raises."""
+        queries = [q for it in items for q in it.queries]
+        topks = [it.topk for it in items for _ in it.queries]
+        t0 = time.perf_counter()
+        results = await asyncio.get_running_loop().run_in_executor(self._pool, self.fn, queries, topks)
+        if len(results) != len(queries):
+            raise RuntimeError(f"search returned {len(results)} results for {len(queries)} queries")
+        self.batches += 1
+        self.queries += len(queries)
+        self.busy_s += time.perf_counter() - t0
+        return results
+
+    async def _one_by_one(self, batch: list[_Item]) -> None:
+        for it in batch:
+            if it.future.done():  # the client gave up meanwhile
+                continue
+            try:
+                res = await self._search([it])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                if not it.future.done():
+                    it.future.set_exception(e)
+            else:
+                if not it.future.done():
+                    it.future.set_result(res)
+
     async def _worker(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             batch = await self._collect()
             # A client that gave up (cancelled future) is dropped before we spend compute on it.
             batch = [it for it in batch if not it.future.done()]
             if not batch:
                 continue
-            queries = [q for it in batch for q in it.queries]
-            topks = [it.topk for it in batch for _ in it.queries]
-            self._last_batch = len(queries)
+            self._last_batch = sum(len(it.queries) for it in batch)
             t0 = time.perf_counter()
             try:
-                results = await loop.run_in_executor(self._pool, self.fn, queries, topks)
-                if len(results) != len(queries):
-                    raise RuntimeError(f"search returned {len(results)} results for {len(queries)} queries")
+                results = await self._search(batch)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # resolve every waiter with the error; the worker itself lives on
+            except Exception as e:  # the worker lives on; the caller logs the error it gets
                 self._queued_at_done = self._queued
-                log.exception("search failed for a batch of %d queries", len(queries))
-                for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(e)
+                if len(batch) > 1:
+                    log.warning("search failed for a batch of %d requests (%s); re-running them one by one",
+                                len(batch), type(e).__name__)
+                    await self._one_by_one(batch)
+                elif not batch[0].future.done():
+                    batch[0].future.set_exception(e)
                 continue
-            self.batches += 1
-            self.queries += len(queries)
             self._last_compute_s = time.perf_counter() - t0
             self._queued_at_done = self._queued
-            self.busy_s += self._last_compute_s
-            log.debug("batch of %d queries from %d requests in %.1f ms, %d requests queued", len(queries),
-                      len(batch), 1000 * (time.perf_counter() - t0), self._queue.qsize())
+            log.debug("batch of %d queries from %d requests in %.1f ms, %d requests queued", self._last_batch,
+                      len(batch), 1000 * self._last_compute_s, self._queue.qsize())
             s = 0
             for it in batch:
                 e = s + len(it.queries)

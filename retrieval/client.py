@@ -6,10 +6,16 @@
 Every call has a timeout; transport errors, timeouts and 5xx/503 answers are retried with
 exponential backoff (bounded); a 4xx is the caller's fault and raises at once with the server's
 message. Thread-safe (one httpx.Client, shared), so rollout threads can share one instance.
+
+A search with more queries than the server takes per request (max_queries and max_body_bytes on
+its /health) is sent as several requests, one after another, and the results come back in order:
+a 14B run's 64 prompts x 5 samples must not turn into one refused request and a turn of
+"search failed".
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -21,8 +27,37 @@ from retrieval.schema import parse_result
 log = logging.getLogger(__name__)
 
 
+# A server that reports no cap: ours before it did (it refused more than 256 queries), or Search-R1's
+# (no /health, no cap). 256 queries per request suits both.
+FALLBACK_MAX_QUERIES = 256
+_ENVELOPE_BYTES = 100  # {"queries":[],"topk":100,"return_scores":true} with room to spare
+
+
 class RetrievalError(RuntimeError):
     pass
+
+
+def split_queries(queries: list[str], max_queries: int, max_bytes: int | None = None) -> list[list[str]]:
+    """Consecutive runs of `queries`, each at most max_queries long and, with max_bytes, small enough
+    for a request body of at most max_bytes. A single query over max_bytes goes alone (the server says why)."""
+    chunks, cur, size = [], [], _ENVELOPE_BYTES
+    for q in queries:
+        n = len(json.dumps(q)) + 1  # the ASCII-escaped form is never shorter than UTF-8; +1 for the comma
+        if cur and (len(cur) >= max_queries or (max_bytes and size + n > max_bytes)):
+            chunks.append(cur)
+            cur, size = [], _ENVELOPE_BYTES
+        cur.append(q)
+        size += n
+    if cur:
+        chunks.append(cur)
+    return chunks
+
+
+def _caps(health: dict) -> tuple[int, int | None]:
+    """(max queries, max body bytes) per request from a /health answer, with fallbacks for older servers."""
+    def positive(v):
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+    return positive(health.get("max_queries")) or FALLBACK_MAX_QUERIES, positive(health.get("max_body_bytes"))
 
 
 class RetrievalClient:
@@ -34,7 +69,8 @@ class RetrievalClient:
         retries: extra attempts after a failed call (transport error, timeout, 5xx).
         backoff: first retry delay in seconds; doubles each attempt, with +-25% jitter.
         startup_timeout: how long the start-up health check waits for a loading server.
-        wait_for_server: run that health check in the constructor.
+        wait_for_server: run that health check in the constructor (else it runs before the first
+            search, which needs the server's per-request caps from it).
         topk: default topk when search() is called without one.
         """
         url = url.rstrip("/")
@@ -46,6 +82,8 @@ class RetrievalClient:
         self.retries = retries
         self.backoff = backoff
         self.topk = topk
+        self.startup_timeout = startup_timeout
+        self.caps: tuple[int, int | None] | None = None  # (max queries, max body bytes) per request
         self._http = httpx.Client(timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
                                   limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
         if wait_for_server:
@@ -72,8 +110,11 @@ class RetrievalClient:
             try:
                 r = self._http.get(f"{self.url}/health", timeout=min(10.0, max(1.0, timeout)))
                 if r.status_code == 200:
-                    return r.json()
+                    health = r.json()
+                    self.caps = _caps(health if isinstance(health, dict) else {})
+                    return health
                 if r.status_code < 500:
+                    self.caps = _caps({})
                     return {"status": "ok", "detail": f"no /health endpoint (HTTP {r.status_code})"}
                 last = f"HTTP {r.status_code}: {r.text[:200]}"
                 if r.status_code == 500 and "failed" in r.text:
@@ -94,8 +135,13 @@ class RetrievalClient:
         queries = list(queries)
         if not queries:
             return []
-        payload = {"queries": queries, "topk": topk or self.topk, "return_scores": True}
-        return parse_result(self._post("/retrieve", payload), len(queries))
+        if self.caps is None:
+            self.wait_until_ready(self.startup_timeout)
+        out = []
+        for chunk in split_queries(queries, *self.caps):
+            payload = {"queries": chunk, "topk": topk or self.topk, "return_scores": True}
+            out += parse_result(self._post("/retrieve", payload), len(chunk))
+        return out
 
     def _post(self, path: str, payload: dict) -> dict:
         last = ""

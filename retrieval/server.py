@@ -9,15 +9,18 @@ http://localhost:PORT (scripts/start_retriever.sh).
 Layout: the uvicorn event loop parses and validates requests and queues them for the
 micro-batcher (retrieval/batcher.py); each batch goes to a search child process
 (retrieval/worker.py) holding the encoder and index, so encoding never takes the GIL from the
-event loop. A child that dies is replaced; the batch it held fails with a 500 and clients retry.
+event loop. A child that dies is replaced; the batch it held fails with a 503 and clients retry.
+Any other search error is a 500 whose body carries a reference to the server log, never the
+exception's text (it can hold paths and internal state).
 
 The port opens at once and the index loads in the background: /health answers 503
 {"status": "loading"} until the index is ready, then 200 with what it serves, so clients
 (retrieval.client) wait for it instead of failing. A dense index paired with an encoder that
 did not build it is refused before the port opens (exit code 2).
 
-Endpoints: POST /retrieve (schema in retrieval/schema.py), GET /health, GET /status ("ok" when
-ready; the path verl's copy of the Search-R1 server offers).
+Endpoints: POST /retrieve (schema in retrieval/schema.py), GET /health (also reports the request
+limits, e.g. max_queries, so clients can split), GET /status ("ok" when ready; the path verl's
+copy of the Search-R1 server offers).
 """
 
 from __future__ import annotations
@@ -29,7 +32,9 @@ import os
 import sys
 import threading
 import time
+import uuid
 from contextlib import asynccontextmanager
+from dataclasses import asdict
 from typing import Callable
 
 from fastapi import FastAPI, Request
@@ -37,6 +42,7 @@ from fastapi.responses import JSONResponse, Response
 
 from retrieval.batcher import MicroBatcher
 from retrieval.schema import Limits, RequestError, format_result, parse_retrieve_request
+from retrieval.worker import SearchRestarted
 
 log = logging.getLogger("retrieval.server")
 
@@ -104,8 +110,8 @@ def create_app(load_fn: Callable[[], object], limits: Limits = Limits(), max_bat
         r = state["retriever"]
         if r is None:
             return not_ready()
-        return {"status": "ok", **r.describe(), "batches": batcher.batches, "queries": batcher.queries,
-                "busy_s": round(batcher.busy_s, 3)}
+        return {"status": "ok", **r.describe(), **asdict(limits), "batches": batcher.batches,
+                "queries": batcher.queries, "busy_s": round(batcher.busy_s, 3)}
 
     @app.get("/status")
     async def status():
@@ -117,12 +123,19 @@ def create_app(load_fn: Callable[[], object], limits: Limits = Limits(), max_bat
             req = parse_retrieve_request(await _read_body(request, limits.max_body_bytes), limits)
         except RequestError as e:
             return JSONResponse({"detail": e.message}, status_code=e.status)
+        if not req.queries:  # Search-R1's step with no searches: nothing to wait for, even while loading
+            return {"result": []}
         if state["retriever"] is None:
             return not_ready()
         try:
             docs = await batcher.submit(req.queries, req.topk)
+        except SearchRestarted as e:  # our own message, and a retry will be served
+            return JSONResponse({"detail": str(e)}, status_code=503, headers={"Retry-After": "1"})
         except Exception as e:  # a bug or a broken index, never bad input (that is caught above)
-            return JSONResponse({"detail": f"search failed: {type(e).__name__}: {e}"}, status_code=500)
+            ref = uuid.uuid4().hex[:12]
+            log.error("search failed (ref %s) for %d queries", ref, len(req.queries), exc_info=e)
+            return JSONResponse({"detail": f"search failed with an internal error (ref {ref}); the server log has "
+                                           "the details. Retry, and report the ref if it persists"}, status_code=500)
         return Response(json.dumps(format_result(docs, req.return_scores)), media_type="application/json")
 
     return app
@@ -148,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
                         "(the wait is also at most 1/4 of the last batch's compute time; a lone client never waits)")
     # limits
     d = Limits()
-    p.add_argument("--max-queries", type=int, default=d.max_queries, help="most queries in one request")
+    p.add_argument("--max-queries", type=int, default=d.max_queries,
+                   help="most queries in one request (Search-R1 sends a whole step's: 2,560 at 512 prompts x 5); "
+                        "/health reports it and retrieval.client splits at it")
     p.add_argument("--max-query-chars", type=int, default=d.max_query_chars, help="longest query, in characters")
     p.add_argument("--max-topk", type=int, default=d.max_topk, help="largest topk a request may ask for")
     p.add_argument("--default-topk", type=int, default=d.default_topk, help="topk when a request sends none")

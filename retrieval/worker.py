@@ -9,8 +9,8 @@ batch computes, and the next batch takes them all (the same reason vLLM runs its
 its own process).
 
 Protocol over a multiprocessing Pipe: parent sends (queries, topks); the child answers
-("ok", docs) or ("error", message). If the child dies, the batch in flight fails, the next call
-starts a new child, and the client's retry succeeds.
+("ok", docs) or ("error", message). If the child dies, the batch in flight fails with
+SearchRestarted (the server answers 503), a new child starts, and the client's retry succeeds.
 """
 
 from __future__ import annotations
@@ -19,8 +19,13 @@ import logging
 import multiprocessing as mp
 import os
 import threading
+import traceback
 
 log = logging.getLogger(__name__)
+
+
+class SearchRestarted(RuntimeError):
+    """The search process died under a batch and was replaced: a retry will be served."""
 
 
 def _child(conn, load_kwargs: dict, env: dict, warmup: int, topk: int) -> None:
@@ -47,8 +52,8 @@ def _child(conn, load_kwargs: dict, env: dict, warmup: int, topk: int) -> None:
             return
         try:
             conn.send(("ok", r.search_mixed(queries, topks)))
-        except Exception as e:
-            conn.send(("error", f"{type(e).__name__}: {e}"))
+        except Exception:  # the whole traceback: the server logs it (and tells the client only a ref)
+            conn.send(("error", traceback.format_exc()))
 
 
 class SearchProcess:
@@ -92,9 +97,9 @@ class SearchProcess:
                 log.error("search process died (exit code %s); starting a new one", code)
                 self._proc.join(1)
                 self._start()
-                raise RuntimeError(f"search process died (exit code {code}) and was restarted; retry") from None
+                raise SearchRestarted(f"search process died (exit code {code}) and was restarted; retry") from None
         if status != "ok":
-            raise RuntimeError(payload)
+            raise RuntimeError(f"in the search process:\n{payload}")
         return payload
 
     def close(self) -> None:

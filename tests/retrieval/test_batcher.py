@@ -100,3 +100,25 @@ def test_a_wrong_result_count_is_an_error():
         with pytest.raises(RuntimeError, match="1 results for 2 queries"):
             await b.submit(["a", "b"], 1)
     run(go, lambda qs, ks: [None])
+
+
+def test_one_bad_request_fails_alone_and_its_neighbours_get_answers():
+    """A query that makes the search raise fails its own request, not the others in its micro-batch."""
+    fn = Echo(fail_on="bad")
+
+    async def go(b):
+        return await asyncio.gather(b.submit(["good1"], 1), b.submit(["bad", "x"], 2), b.submit(["good2", "y"], 3),
+                                    return_exceptions=True)
+    a, bad, c = run(go, fn, max_batch=64)
+    assert fn.batches[0] == ["good1", "bad", "x", "good2", "y"]  # they did share one batch
+    assert a == [("good1", 1)] and c == [("good2", 3), ("y", 3)]
+    assert isinstance(bad, ValueError) and "boom on bad" in str(bad)
+
+
+def test_a_failed_batch_of_one_request_is_not_rerun():
+    fn = Echo(fail_on="bad")
+
+    async def go(b):
+        return await asyncio.gather(b.submit(["bad", "x"], 1), return_exceptions=True)
+    (r,) = run(go, fn)
+    assert isinstance(r, ValueError) and fn.batches == [["bad", "x"]]

@@ -10,6 +10,7 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import httpx
 import pytest
 
 from retrieval.client import RetrievalClient, RetrievalError
@@ -154,3 +155,42 @@ def test_client_waits_for_a_server_that_starts_late(bm25_index, bm25_retriever, 
     assert "error" not in got, got.get("error")
     assert got["waited"] >= 3
     helpers.same(got["docs"], bm25_retriever.search(["greek philosophy"], 3), tol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_client_splits_at_the_servers_caps_and_keeps_the_order(bm25_index, bm25_retriever, launcher, helpers):
+    """More queries than the server takes per request (its /health says how many, and how many
+    bytes): every query still gets its own results, in order."""
+    _, url = launcher.start_ready(bm25_index, "--max-queries", "7", "--max-body-bytes", "2000")
+    health = httpx.get(f"{url}/health").json()
+    assert (health["max_queries"], health["max_body_bytes"]) == (7, 2000)
+    words = ["greek philosophy", "music", "war", "art history", "ancient", "river", "empire"]
+    short = [f"{words[i % 7]} {i}" for i in range(30)]
+    long = [(f"{words[i % 7]} " * 60)[:400] for i in range(12)]  # 3 fit under 2000 bytes, whatever the count cap
+    for wait in (True, False):  # without the start-up check, the caps are read before the first search
+        with RetrievalClient(url, wait_for_server=wait) as c:
+            before = httpx.get(f"{url}/health").json()["queries"]
+            helpers.same(c.search(short, 3), bm25_retriever.search(short, 3), tol=1e-6)
+            helpers.same(c.search(long, 2), bm25_retriever.search(long, 2), tol=1e-6)
+            assert httpx.get(f"{url}/health").json()["queries"] - before == 42  # each query searched once
+
+
+def test_split_queries_keeps_every_request_under_both_caps():
+    """Against what httpx really sends: random runs of ASCII, accents, CJK, emoji, quotes and escapes."""
+    import random
+
+    from retrieval.client import split_queries
+    rng = random.Random(0)
+    alphabet = "abc xyz\"\\\n\t" + "éüß" + "日本語" + "🎵🙂"
+    for _ in range(200):
+        qs = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(rng.randint(0, 60))]
+        max_n, max_bytes = rng.randint(1, 20), rng.choice([None, 800, 3000])
+        chunks = split_queries(qs, max_n, max_bytes)
+        assert [q for c in chunks for q in c] == qs and all(chunks)
+        for c in chunks:
+            body = httpx.Request("POST", "http://x/retrieve", json={"queries": c, "topk": 100,
+                                                                     "return_scores": True}).content
+            assert len(c) <= max_n and (max_bytes is None or len(body) <= max_bytes or len(c) == 1)
+        if max_bytes is None:  # only the count cap binds: chunks are as full as it allows
+            assert [len(c) for c in chunks] == [min(max_n, len(qs) - i) for i in range(0, len(qs), max_n)]
