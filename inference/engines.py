@@ -28,10 +28,12 @@ Semantics shared by both engines:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import random
 import re
 import sys
+import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -211,6 +213,66 @@ def _hide_bad_attributes(hidden: list[tuple[dict, str, Any]]) -> None:
                 del ns[attr]
 
 
+# In-process engine cores alive in this process, and whether vLLM (not the caller) created the
+# default torch.distributed group they all share.
+_INPROC = {"live": 0, "vllm_made_pg": False}
+
+
+class _SharedCoreShutdown:
+    """Replaces an in-process EngineCore's shutdown: tears down this engine, never the state others share.
+
+    vLLM keeps its process groups (_WORLD, _TP, _PP, ...) in module globals that every in-process
+    engine of the process uses, and EngineCore.shutdown, run when an LLM is garbage-collected,
+    ends with cleanup_dist_env_and_memory(): it destroys all of them and the default
+    torch.distributed group. Every other live engine then fails each generate() with "pipeline
+    model parallel group is not initialized" (an in-process simulator on the session engine got
+    0 documents after test_rollout dropped its own engine), and DeepSpeed loses its group.
+    So the process-wide teardown runs only when the last engine goes and vLLM created the group.
+    """
+
+    def __init__(self, shutdown: Any):
+        self.shutdown, self.done = shutdown, False
+
+    def __call__(self) -> None:
+        if self.done:  # the client's finalizer and an explicit shutdown() may both call it
+            return
+        self.done = True
+        _INPROC["live"] -= 1
+        if _INPROC["live"] <= 0 and _INPROC["vllm_made_pg"]:
+            self.shutdown()
+            return
+        import vllm.v1.engine.core as core_mod
+
+        cleanup = core_mod.cleanup_dist_env_and_memory
+        core_mod.cleanup_dist_env_and_memory = lambda *a, **k: gc.collect()
+        try:
+            self.shutdown()
+        finally:
+            core_mod.cleanup_dist_env_and_memory = cleanup
+
+
+def _share_inproc_core(llm: Any, pg_existed: bool) -> bool:
+    """Route an in-process LLM's teardown through _SharedCoreShutdown; False where vLLM's layout differs.
+
+    Multi-process clients (EngineCore in its own process) tear down only that process: left alone.
+    """
+    import vllm.v1.engine.core as core_mod
+
+    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    core = getattr(client, "engine_core", None)
+    fin = getattr(client, "_finalizer", None)
+    if core is None or not isinstance(fin, weakref.finalize) or not hasattr(core_mod, "cleanup_dist_env_and_memory"):
+        return False
+    if _INPROC["live"] <= 0:
+        _INPROC["live"], _INPROC["vllm_made_pg"] = 0, not pg_existed
+    _INPROC["live"] += 1
+    # An instance attribute shadows the method, so InprocClient.shutdown() takes this path too.
+    core.shutdown = _SharedCoreShutdown(core.shutdown)
+    fin.detach()
+    client._finalizer = weakref.finalize(client, core.shutdown)
+    return True
+
+
 class VLLMEngine:
     """vLLM behind the engine interface.
 
@@ -224,6 +286,9 @@ class VLLMEngine:
     on CPU, so sleep()/wake_up() do nothing there.
     On CUDA: sleep mode is enabled, sleep() is level 2 (weights are re-sent anyway) and
     wake_up() restores weights first, then the KV cache.
+
+    Several engines may live in one process: dropping one leaves vLLM's shared process groups
+    (and the caller's torch.distributed group) to the others (_SharedCoreShutdown).
 
     Under torchrun pass external_launcher=True: each rank holds its own engine in-process
     (TP groups across neighbouring ranks). Initialise torch.distributed before creating it.
@@ -290,8 +355,12 @@ class VLLMEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_kwargs)
         shield = _shield_vllm_cpu_kernel_scan() if self.is_cpu else contextlib.nullcontext()
+        import torch.distributed as dist
+
+        pg_existed = dist.is_available() and dist.is_initialized()
         with preserved_rng(), shield:
             self.llm = LLM(**kwargs)
+        _share_inproc_core(self.llm, pg_existed)
         self.sleep_enabled = bool(enable_sleep_mode)
         self.sleeping = False
         self.max_model_len = max_model_len
