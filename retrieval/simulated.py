@@ -22,7 +22,11 @@ The LLM is either
 The output matches the retrievers' format, so rollouts, format_docs and the RAG check cannot
 tell the difference; the extra "simulated" field says which kind each document was.
 A failed request (server down, timeout, empty reply) drops that document; a query whose
-documents all failed gets an empty list. Both are counted in `stats`; nothing raises.
+documents all failed gets an empty list. Both are counted in `stats`.
+When *no* request of a call got a reply (the server is down, or the engine raised), `search`
+raises SimulatorUnavailable after counting: an outage must not look like a search that found
+nothing. The rollout then records a failed search on those trajectories, and the game leaves
+their groups out of the loss (inference/game.py).
 """
 
 from __future__ import annotations
@@ -35,6 +39,11 @@ import re
 from typing import Any, Sequence
 
 log = logging.getLogger(__name__)
+
+
+class SimulatorUnavailable(RuntimeError):
+    """Every document request of one search call failed without a reply."""
+
 
 # --- prompts (our wording) -------------------------------------------------------------------
 
@@ -180,7 +189,7 @@ class SimulatedSearch:
         retries: int = 1,
         max_concurrency: int = 32,
         give_up_after: int = 16,
-        api_key: str = "EMPTY",
+        api_key: str | None = None,
         extra_body: dict | None = None,
         show_answer: bool = True,
     ):
@@ -197,6 +206,7 @@ class SimulatedSearch:
         template: chat template for engine prompts (inference.prompts.TEMPLATES).
         timeout_s, retries, max_concurrency, give_up_after: server client limits; with the server
             down a batch ends after about one wave of timeouts (see inference/judge.py).
+        api_key: the server's API key (Bearer); None reads OPENAI_API_KEY, like the judge.
         extra_body: merged into every server request, e.g. {"chat_template_kwargs": {"enable_thinking": False}}
             for a Qwen3 simulator. The server path sends no per-document seed (the judge client has one body
             for all requests); a fixed {"seed": s} here makes the k documents of a query near-identical.
@@ -264,7 +274,10 @@ class SimulatedSearch:
 
     # --- search ---------------------------------------------------------------------------------
     def search(self, queries: Sequence[str], topk: int, contexts: Sequence[dict | None] | None = None) -> list[list[dict]]:
-        """topk simulated documents per query (fewer where requests failed). Never raises for LLM trouble."""
+        """topk simulated documents per query (fewer where requests failed).
+
+        Raises SimulatorUnavailable (after counting) when not one request got a reply.
+        """
         queries = list(queries)
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
@@ -276,7 +289,7 @@ class SimulatedSearch:
             contexts = [dict(c, answer=None) if c else c for c in contexts]
         msgs = [build_messages(str(queries[qi]), noisy, contexts[qi], rank + 1, topk, self.doc_words)
                 for qi, rank, noisy, _ in jobs]
-        replies = self._generate(msgs, [seed for *_, seed in jobs])
+        replies, error = self._generate(msgs, [seed for *_, seed in jobs])
 
         out: list[list[dict]] = [[] for _ in queries]
         self.stats["queries"] += len(queries)
@@ -301,6 +314,10 @@ class SimulatedSearch:
             self.stats["noisy"] += int(noisy)
         self.stats["empty"] += sum(1 for docs in out if not docs)
         n_failed = sum(1 for r in replies if r is None)
+        if jobs and n_failed == len(jobs):
+            cause = f"{type(error).__name__}: {error}" if error is not None else "no reply from the simulator"
+            raise SimulatorUnavailable(f"simulated search: all {len(jobs)} document requests failed ({cause}); "
+                                       f"simulator: {self.describe()}") from error
         if n_failed:
             log.warning("simulated search: %d/%d document requests failed", n_failed, len(jobs))
         return out
@@ -323,18 +340,18 @@ class SimulatedSearch:
     # The rollout finds the flag on a bound `backend.search` too (method attributes fall through to the function).
     search.wants_context = True  # type: ignore[attr-defined]
 
-    def _generate(self, messages: list[list[dict]], seeds: list[int]) -> list[str | None]:
-        """One reply per chat, None where it failed. Any exception is a failure, never a crash."""
+    def _generate(self, messages: list[list[dict]], seeds: list[int]) -> tuple[list[str | None], Exception | None]:
+        """One reply per chat (None where it failed), and the exception that failed them all, if one did."""
         if not messages:
-            return []
+            return [], None
         try:
             if self.client is not None:
-                return self.client.chat_many(messages, max_tokens=self.max_tokens, temperature=self.temperature)
-            return self._engine_generate(messages, seeds)
-        except Exception as e:  # noqa: BLE001 - a broken simulator must not stop training; counted as failures
+                return self.client.chat_many(messages, max_tokens=self.max_tokens, temperature=self.temperature), None
+            return self._engine_generate(messages, seeds), None
+        except Exception as e:  # noqa: BLE001 - counted as failures; search() raises it on as SimulatorUnavailable
             log.warning("simulated search: generation failed for %d documents: %s: %s",
                         len(messages), type(e).__name__, e)
-            return [None] * len(messages)
+            return [None] * len(messages), e
 
     def _engine_generate(self, messages: list[list[dict]], seeds: list[int]) -> list[str | None]:
         from inference.engines import SamplingConfig

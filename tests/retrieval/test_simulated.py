@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from retrieval.simulated import SimulatedSearch, build_messages, noise_probability, parse_document
+from retrieval.simulated import SimulatedSearch, SimulatorUnavailable, build_messages, noise_probability, parse_document
 from utils.dist import free_port
 
 # --- the curriculum -------------------------------------------------------------------------------
@@ -109,22 +109,26 @@ def test_constructor_errors():
     assert sim.wants_context and getattr(sim.search, "wants_context", False)
 
 
-# --- failures: bounded time, empty results, counted ------------------------------------------------
+# --- failures: bounded time, counted, and an outage raised (not "no results") ----------------------
 
 
 @pytest.mark.timeout(60)
-def test_server_down_gives_counted_empty_results_fast():
+def test_server_down_is_counted_fast_and_raised():
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     sim = SimulatedSearch(url=url, model="sim", retries=1, timeout_s=2.0, noise_start=0.5, noise_end=0.5)
     sim.client.backoff_s = 0.01
     t0 = time.monotonic()
-    res = sim.search(["q1", "q2", "q3"], topk=3)
+    with pytest.raises(SimulatorUnavailable, match="all 9 document requests failed"):
+        sim.search(["q1", "q2", "q3"], topk=3)
     assert time.monotonic() - t0 < 15
-    assert res == [[], [], []]
     assert sim.stats == {"queries": 3, "calls": 9, "docs": 0, "noisy": 0, "failures": 9, "unparsed": 0, "empty": 3}
     # model discovery against a dead server fails the whole batch at once
     sim = SimulatedSearch(url=url, retries=0)
-    assert sim.search(["q"], topk=2) == [[]] and sim.stats["failures"] == 2
+    with pytest.raises(SimulatorUnavailable):
+        sim.search(["q"], topk=2)
+    assert sim.stats["failures"] == 2
+    # only empty queries: nothing was asked, so nothing failed
+    assert sim.search(["", " "], topk=2) == [[], []]
 
 
 @pytest.mark.timeout(60)
@@ -136,9 +140,10 @@ def test_hanging_server_is_bounded_by_the_timeout():
         url = "http://127.0.0.1:%d" % srv.getsockname()[1]
         sim = SimulatedSearch(url=url, model="sim", retries=0, timeout_s=1.0, max_concurrency=8)
         t0 = time.monotonic()
-        res = sim.search(["a", "b"], topk=2)
+        with pytest.raises(SimulatorUnavailable):
+            sim.search(["a", "b"], topk=2)
         took = time.monotonic() - t0
-    assert res == [[], []] and sim.stats["failures"] == 4 and sim.stats["empty"] == 2
+    assert sim.stats["failures"] == 4 and sim.stats["empty"] == 2
     assert 0.9 < took < 10, took
 
 
@@ -272,7 +277,9 @@ def test_engine_failure_and_oversized_prompt_are_counted(hf_engine, tiny_model_d
             raise RuntimeError("engine crashed")
 
     sim = _sim(Broken())
-    assert sim.search(["a", "b"], topk=2) == [[], []]
+    with pytest.raises(SimulatorUnavailable, match="RuntimeError: engine crashed") as err:
+        sim.search(["a", "b"], topk=2)
+    assert isinstance(err.value.__cause__, RuntimeError)  # the engine's own error, for the log
     assert sim.stats["failures"] == 4 and sim.stats["empty"] == 2
     # a prompt that cannot fit the engine's context fails alone; the others still come back
     small = Recording(hf_engine)
@@ -280,3 +287,37 @@ def test_engine_failure_and_oversized_prompt_are_counted(hf_engine, tiny_model_d
     sim = _sim(small, max_tokens=8)
     res = sim.search(["short", "long " * 400], topk=2)
     assert [len(r) for r in res] == [2, 0] and sim.stats["failures"] == 2 and len(small.prompts) == 2
+
+
+@pytest.mark.timeout(120)
+def test_an_outage_is_a_failed_search_in_the_rollout(hf_engine):
+    # Through the rollout loop: the trajectory records search_failed (the game leaves its group out of
+    # the loss) instead of reading an empty <information> block as if the search had found nothing.
+    from inference.engines import GenOutput
+    from inference.prompts import build_solver_prompt
+    from inference.rollout import SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, run_rollouts
+
+    class Broken:
+        tokenizer = hf_engine.tokenizer
+        max_model_len = 4096
+
+        def generate(self, prompts, sampling):
+            raise RuntimeError("pipeline model parallel group is not initialized")
+
+    class Replay:
+        tokenizer, max_model_len = hf_engine.tokenizer, 4096
+
+        def __init__(self, turns):
+            self.turns = list(turns)
+
+        def generate(self, prompts, sampling):
+            text = self.turns.pop(0)
+            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            return [GenOutput(ids, [-1.0] * len(ids), text, "stop", text[text.rfind("</"):]) for _ in prompts]
+
+    sim = _sim(Broken())
+    prompt = build_solver_prompt(hf_engine.tokenizer, "Who wrote Hamlet?")
+    (t,) = run_rollouts(Replay(["<search> Hamlet author </search>", "<answer> x </answer>"]),
+                        [RolloutRequest("solver", "g", prompt, question="Who wrote Hamlet?")], sim.search,
+                        RolloutConfig(topk=2, max_info_tokens=64))
+    assert t.info["search_failed"] == 1 and SEARCH_FAILED_TEXT.strip() in t.response_text
