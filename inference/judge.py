@@ -17,6 +17,14 @@ mode="em" needs no server: exact match is the whole verdict.
 
 The same client answers RAG-check prompts (`chat_many`): the game asks the judge
 model to answer a proposer's question from the retrieved documents.
+
+Authentication: the API key is read from the OPENAI_API_KEY environment variable (or
+passed as api_key=) and sent as "Authorization: Bearer <key>"; no header without one (a
+local vLLM server needs none). It is never a flag, so it never reaches config.json, and
+neither describe() nor repr() shows it.
+
+The verdict cache is keyed by (judge model, question, reference, answer): a new judge
+model never reuses another model's verdicts.
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import re
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -93,7 +103,7 @@ def _base_url(url: str) -> str:
 
 
 class _VerdictCache:
-    """(question, reference, answer) -> the judge's reply, in SQLite.
+    """(judge model, question, reference, answer) -> the judge's reply, in SQLite.
 
     SQLite in WAL mode with a busy timeout lets several processes (ranks) share
     one file. The reply is stored, not the parsed verdict: a better parser later
@@ -103,14 +113,26 @@ class _VerdictCache:
     def __init__(self, path: str | Path):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(path), timeout=30.0, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
+        # Switching a new file to WAL takes an exclusive lock and SQLite does not wait for it (no busy
+        # handler): two ranks opening the same fresh cache at once got "database is locked". Retry it.
+        deadline = time.monotonic() + 30.0
+        while True:
+            try:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                break
+            except sqlite3.OperationalError as e:
+                if "locked" not in str(e) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         self._db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, reply TEXT NOT NULL)")
         self._db.commit()
         self._lock = threading.Lock()
 
     @staticmethod
-    def key(item: JudgeItem) -> str:
-        raw = json.dumps([item.question, as_answer_list(item.reference), item.answer], ensure_ascii=False)
+    def key(item: JudgeItem, model: str) -> str:
+        # The model is part of the key: two judges disagree, and a cache shared between runs
+        # (or kept across a judge upgrade) must not hand one model's verdicts to another.
+        raw = json.dumps([model, item.question, as_answer_list(item.reference), item.answer], ensure_ascii=False)
         return hashlib.sha256(raw.encode("utf-8")).hexdigest()
 
     def get_many(self, keys: list[str]) -> dict[str, str]:
@@ -140,7 +162,7 @@ class Judge:
         url: str | None = None,
         model: str | None = None,
         mode: str | None = None,
-        api_key: str = "EMPTY",
+        api_key: str | None = None,
         max_concurrency: int = 32,
         timeout_s: float = 30.0,
         retries: int = 2,
@@ -153,6 +175,7 @@ class Judge:
         """
         url: server root or its /v1 ("http://host:8000" or "http://host:8000/v1").
         model: served model name; None asks the server's /v1/models for the first one.
+        api_key: sent as a Bearer token; None reads OPENAI_API_KEY (no header when neither is set).
         mode: "llm" or "em"; default "llm" when a url is given, else "em".
         max_tokens: room for the verdict word (raise it for judges that think first).
         extra_body: merged into every request, e.g. {"structured_outputs": {"choice": ["yes", "no"]}}
@@ -167,7 +190,8 @@ class Judge:
             raise ValueError(f"need max_concurrency >= 1, retries >= 0, timeout_s > 0; got {max_concurrency}, {retries}, {timeout_s}")
         self.url = _base_url(url) if url else None
         self.model = model
-        self.api_key = api_key
+        # Private, and kept out of describe()/repr(), so it cannot end up in a log or a config dump.
+        self._api_key = api_key if api_key is not None else (os.environ.get("OPENAI_API_KEY") or None)
         self.max_concurrency = max_concurrency
         self.timeout_s = timeout_s
         self.retries = retries
@@ -182,7 +206,10 @@ class Judge:
     def describe(self) -> str:
         if self.mode == "em":
             return "exact match only (no judge server)"
-        return f"llm {self.model or '(server default)'} at {self.url}"
+        return f"llm {self.model or '(server default)'} at {self.url}" + (" (API key set)" if self._api_key else "")
+
+    def __repr__(self) -> str:
+        return f"Judge({self.describe()})"
 
     # ---- public, synchronous -------------------------------------------------
 
@@ -204,7 +231,16 @@ class Judge:
         if not todo:
             return results  # type: ignore[return-value]
 
-        keys = {i: _VerdictCache.key(items[i]) for i in todo} if self.cache else {}
+        if self.cache and self.model is None:
+            # The cache key holds the model name, so ask the server for it before looking anything up.
+            self._run(self._discover_alone())
+            if self.model is None:
+                for i in todo:
+                    results[i] = JudgeResult(False, "judge_failed", judge_failed=True)
+                self.stats["failures"] += len(todo)
+                log.warning("judge at %s is unreachable; %d items fall back to exact match", self.url, len(todo))
+                return results  # type: ignore[return-value]
+        keys = {i: _VerdictCache.key(items[i], self.model) for i in todo} if self.cache else {}
         cached = self.cache.get_many(list(keys.values())) if self.cache else {}
         ask = []
         for i in todo:
@@ -235,7 +271,11 @@ class Judge:
             raise RuntimeError("this judge is exact-match only (no server url); it cannot answer prompts")
         if not messages:
             return []
-        coro = self._chat_all(list(messages), max_tokens, temperature)
+        return self._run(self._chat_all(list(messages), max_tokens, temperature))
+
+    @staticmethod
+    def _run(coro):
+        """Run a coroutine to completion from synchronous code."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -246,6 +286,15 @@ class Judge:
         t.start()
         t.join()
         return out[0]
+
+    async def _discover_alone(self) -> None:
+        import httpx
+
+        async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s) as client:
+            self.model = await self._discover_model(client)
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
 
     def close(self) -> None:
         if self.cache:
@@ -268,9 +317,8 @@ class Judge:
     async def _chat_all(self, messages: list[list[dict]], max_tokens: int, temperature: float) -> list[str | None]:
         import httpx
 
-        headers = {"Authorization": f"Bearer {self.api_key}"}
         limits = httpx.Limits(max_connections=self.max_concurrency)
-        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=self.timeout_s, limits=limits) as client:
+        async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s, limits=limits) as client:
             if self.model is None:
                 self.model = await self._discover_model(client)
                 if self.model is None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import logging
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -142,12 +146,122 @@ def test_cache_shared_by_concurrent_processes(tmp_path):
         "import sys; from inference.judge import _VerdictCache, JudgeItem\n"
         "c = _VerdictCache(sys.argv[1]); tag = sys.argv[2]\n"
         "for i in range(100):\n"
-        "    c.put_many([(_VerdictCache.key(JudgeItem(f'q{i}', ['r'], tag)), tag)])\n"
+        "    c.put_many([(_VerdictCache.key(JudgeItem(f'q{i}', ['r'], tag), 'm'), tag)])\n"
     )
     env = dict(os.environ, PYTHONPATH=str(repo))
     procs = [subprocess.Popen([sys.executable, "-c", writer, str(db), tag], env=env, cwd=repo) for tag in ("a", "b")]
     assert [p.wait(timeout=100) for p in procs] == [0, 0]
     cache = _VerdictCache(db)
-    keys = [_VerdictCache.key(JudgeItem(f"q{i}", ["r"], tag)) for tag in ("a", "b") for i in range(100)]
+    keys = [_VerdictCache.key(JudgeItem(f"q{i}", ["r"], tag), "m") for tag in ("a", "b") for i in range(100)]
     got = cache.get_many(keys)
     assert len(got) == 200 and sorted(set(got.values())) == ["a", "b"]
+
+
+# ---- a tiny real HTTP server on 127.0.0.1 that records what the client sends ----------------------
+
+class _Recorder(BaseHTTPRequestHandler):
+    """OpenAI-compatible enough: /v1/models names "m1"; a chat answers "yes" for model m1, "no" otherwise."""
+
+    seen: list = []
+
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+    def _reply(self, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self.seen.append((self.path, self.headers.get("Authorization"), None))
+        self._reply({"object": "list", "data": [{"id": "m1", "object": "model"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen.append((self.path, self.headers.get("Authorization"), body["model"]))
+        word = "yes" if body["model"] == "m1" else "no"
+        self._reply({"choices": [{"message": {"role": "assistant", "content": word}}]})
+
+
+@pytest.fixture
+def recorder():
+    seen: list = []
+    handler = type("Handler", (_Recorder,), {"seen": seen})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    th = threading.Thread(target=srv.serve_forever, daemon=True)
+    th.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", seen
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_api_key_from_the_environment_is_a_bearer_token_and_never_shown(recorder, monkeypatch, caplog):
+    url, seen = recorder
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    caplog.set_level(logging.DEBUG)
+    judge = Judge(url + "/v1")                      # model=None: /v1/models is asked first, with the key too
+    res = judge.judge_many(HARD[:2])
+    assert [r.source for r in res] == ["llm", "llm"] and judge.model == "m1"
+    assert [p for p, _, _ in seen] == ["/v1/models", "/v1/chat/completions", "/v1/chat/completions"]
+    assert all(auth == f"Bearer {secret}" for _, auth, _ in seen), seen
+    assert secret not in judge.describe() and secret not in repr(judge) and secret not in caplog.text
+    assert "API key set" in judge.describe()
+
+    # an explicit key wins over the environment
+    seen.clear()
+    Judge(url, model="m1", api_key="sk-explicit").judge_many(HARD[:1])
+    assert seen == [("/v1/chat/completions", "Bearer sk-explicit", "m1")]
+    # no key anywhere: no Authorization header at all (a local vLLM server needs none)
+    monkeypatch.delenv("OPENAI_API_KEY")
+    seen.clear()
+    Judge(url, model="m1").judge_many(HARD[:1])
+    assert seen == [("/v1/chat/completions", None, "m1")]
+
+
+def test_api_key_never_reaches_the_run_config(monkeypatch, tmp_path):
+    from training.config import parse_config
+
+    secret = "sk-test-should-not-be-saved"
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    cfg = parse_config(["--judge", "llm", "--judge_url", "http://127.0.0.1:1/v1",
+                        "--retriever_url", "http://127.0.0.1:2"])
+    cfg.save(tmp_path / "config.json")
+    text = (tmp_path / "config.json").read_text()
+    assert secret not in text and "api_key" not in text
+
+
+@pytest.mark.timeout(60)
+def test_cache_key_includes_the_judge_model(recorder, tmp_path):
+    url, seen = recorder
+    cache = tmp_path / "verdicts.sqlite"
+    item = [HARD[1]]
+    a = Judge(url, model="m1", cache_path=cache)
+    assert a.judge_many(item)[0].correct is True and a.stats["calls"] == 1
+    # same question and answer, another model: not answered from m1's verdict
+    b = Judge(url, model="m2", cache_path=cache)
+    res = b.judge_many(item)[0]
+    assert (res.source, res.correct) == ("llm", False) and b.stats["calls"] == 1 and b.stats["cache_hits"] == 0
+    # each model now finds its own entry
+    assert a.judge_many(item)[0].source == "cache" and b.judge_many(item)[0].source == "cache"
+    assert a.judge_many(item)[0].correct is True and b.judge_many(item)[0].correct is False
+    import sqlite3
+    assert sqlite3.connect(cache).execute("SELECT COUNT(*) FROM verdicts").fetchone()[0] == 2
+    # model=None: the name is discovered before the cache is read, so m1's entry is found
+    seen.clear()
+    c = Judge(url, cache_path=cache)
+    assert c.judge_many(item)[0].source == "cache" and c.model == "m1"
+    assert [p for p, _, _ in seen] == ["/v1/models"]
+
+
+@pytest.mark.timeout(60)
+def test_cache_with_unknown_model_and_dead_server_fails_the_items(dead_url, tmp_path):
+    judge = Judge(dead_url, retries=0, backoff_s=0.0, timeout_s=2.0, cache_path=tmp_path / "c.sqlite")
+    res = judge.judge_many(HARD + [JudgeItem("q", "Paris", "Paris")])
+    assert [r.judge_failed for r in res] == [True, True, True, False] and judge.stats["failures"] == 3
