@@ -13,6 +13,14 @@
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
 samples of question j share "s{step}-q{j}". Rewards are written into the trajectories;
 advantages are the trainer's business.
+
+Failures are left out, never scored (mark_excluded). A failed judge call reads as "wrong",
+which gives the solver 0 and the proposer 1 - acc = 1: an outage would pay the proposer. A
+failed search shows the model "Search failed" as if it were evidence. So every trajectory
+whose reward such a failure decided gets info["excluded"] = "judge_failed" | "search_failed"
+(None otherwise), whole groups at a time (a group shares one baseline), and so does the
+proposer group whose reward was read off an excluded solver group. The trainer drops them
+from the loss; game/excluded_groups over game/groups is what training/guards.FailureGuard watches.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ log = logging.getLogger(__name__)
 
 SearchFn = Callable[[list[str], int], list[list[dict]]]
 RAG_VERIFIERS = ("judge", "policy", "off")
+EXCLUSION_REASONS = ("judge_failed", "search_failed")
+"""Why a group is left out of the loss; when a group has both, the first one names it."""
 
 
 @dataclass
@@ -209,7 +219,8 @@ def _rag_answer_text(reply: str | None) -> str | None:
 
 def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
               rng: random.Random) -> dict[int, bool | None]:
-    """RAG verdict per candidate proposer index: True pass, False fail, None when the verifier gave no reply.
+    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
+    (the verifier gave no reply, or the judge failed on a non-exact-match answer).
 
     Distractors come from trajectories of *other* proposer prompts (info["meta"]["row"]): the
     G_p samples of one prompt search around the same answer, so their documents would help.
@@ -255,8 +266,9 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge
             ask.append((i, pred))
     results = judge.judge_many([JudgeItem(props[i].question, props[i].answer, p) for i, p in ask])
     for (i, _), res in zip(ask, results):
-        # A judge that is down cannot confirm a non-EM answer, so that RAG answer counts as wrong.
-        verdict[i] = res.correct
+        # A judge that is down decides nothing: "wrong" would give the proposer the invalid penalty
+        # for an outage. Undecided passes unchecked, and mark_excluded leaves the proposer group out.
+        verdict[i] = None if res.judge_failed else res.correct
     return verdict
 
 
@@ -303,8 +315,10 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
     verdict = rag_check(survivors, props, engine, judge, cfg, rng)
     unavailable = sum(v is None for v in verdict.values())
     if unavailable:
-        # SSP lets a question through when its RAG check errors; the count is in the stats.
-        log.warning("RAG verifier gave no reply for %d questions; they pass unchecked", unavailable)
+        # SSP lets a question through when its RAG check errors; the count is in the stats, and
+        # mark_excluded leaves those proposer groups out of the loss (their validity is unknown).
+        log.warning("RAG check undecided for %d questions (verifier or judge failed); they pass unchecked "
+                    "and their proposer groups are left out of the loss", unavailable)
     for i in survivors:
         if verdict[i] is False:
             reasons[i] = "rag_failed"
@@ -402,11 +416,59 @@ def play_round(
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
         t.info["rag"] = verdict.get(i)
+    excluded = mark_excluded(props, sols, verdict)
 
     stats = _stats(props, sols, reasons, verdict, len(fills), pool)
+    stats.update(excluded)
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     return GameResult(props + sols, stats)
+
+
+def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:
+    """Set info["excluded"] on every trajectory (a reason from EXCLUSION_REASONS, or None); returns the counts.
+
+    Own failures: a solver trajectory whose judging failed (info["judge_failed"]) or whose search
+    failed (info["search_failed"] > 0, counted by the rollout); a proposer trajectory whose search
+    failed or whose RAG check was undecided (verdict None). Then, whole groups: a group with an
+    excluded member is excluded, and a proposer trajectory whose reward came from an excluded
+    solver group (info["meta"]["proposer"]) is excluded with that group's reason, and its group too.
+    Call after score(), which records judge_failed.
+    """
+    rank = {r: k for k, r in enumerate(EXCLUSION_REASONS)}
+
+    def first(*reasons: str | None) -> str | None:
+        named = [r for r in reasons if r]
+        return min(named, key=rank.__getitem__) if named else None
+
+    def own(t: Trajectory, rag_undecided: bool = False) -> str | None:
+        return first("judge_failed" if (t.info.get("judge_failed") or rag_undecided) else None,
+                     "search_failed" if t.info.get("search_failed", 0) > 0 else None)
+
+    def by_group(trajs: Sequence[Trajectory], reasons: list[str | None]) -> dict[str, str | None]:
+        out: dict[str, str | None] = {}
+        for t, r in zip(trajs, reasons):
+            out[t.group_id] = first(out.get(t.group_id), r)
+        return out
+
+    sol_groups = by_group(sols, [own(t) for t in sols])
+    prop_reasons = [own(t, i in verdict and verdict[i] is None) for i, t in enumerate(props)]
+    for t in sols:  # a proposer's reward is read off its solver group
+        p = t.info["meta"].get("proposer")
+        if p is not None:
+            prop_reasons[p] = first(prop_reasons[p], sol_groups[t.group_id])
+    prop_groups = by_group(props, prop_reasons)
+    for t in props:
+        t.info["excluded"] = prop_groups[t.group_id]
+    for t in sols:
+        t.info["excluded"] = sol_groups[t.group_id]
+
+    groups = [*prop_groups.values(), *sol_groups.values()]
+    counts = {"game/groups": len(groups), "game/excluded_groups": sum(r is not None for r in groups),
+              "game/excluded_trajs": sum(t.info["excluded"] is not None for t in props + sols)}
+    for reason in EXCLUSION_REASONS:
+        counts[f"game/excluded/{reason}"] = sum(r == reason for r in groups)
+    return counts
 
 
 def _mean(xs: Sequence[float]) -> float:

@@ -8,25 +8,31 @@ whose texts are written here as data, with the real retriever's documents.
 
 from __future__ import annotations
 
+import json
 import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from inference.data import ProposerRow
+from inference.engines import GenOutput
 from inference.filters import FILTER_REASONS
 from inference.game import (
+    EXCLUSION_REASONS,
     GameConfig,
     QuestionPool,
     _flat_docs,
     _search_fns,
+    mark_excluded,
     play_round,
     rag_check,
     rag_prompt,
     score,
     validate,
 )
-from inference.judge import Judge
-from inference.rollout import RolloutConfig
+from inference.judge import JUDGE_SYSTEM, Judge
+from inference.rollout import INFO_OPEN, RolloutConfig
 from inference.trajectory import Trajectory
 from utils.text import exact_match
 
@@ -37,6 +43,7 @@ STAT_KEYS = {
     "solver/searches_mean", "solver/judge_failed",
     *(f"game/filter/{r}" for r in FILTER_REASONS + ("rag_failed",)),
     *(f"judge/{k}" for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed")),
+    "game/groups", "game/excluded_groups", "game/excluded_trajs", *(f"game/excluded/{r}" for r in EXCLUSION_REASONS),
 }
 SEED_POOL = [
     {"question": "What is the capital of Algeria?", "answer": ["Algiers"]},
@@ -92,6 +99,9 @@ def test_full_round_tiny_model(vllm_engine, bm25):
     assert s["game/pool_fills"] == 4 - n_valid          # every invalid slot got a pool question
     assert s["game/questions"] == 4 and len(sols) == 4 * 3
     assert s["judge/calls"] == 0                          # exact-match judge: no server
+    # nothing failed (exact-match judge, a local index): every group trains
+    assert s["game/groups"] == 2 + 4 and s["game/excluded_groups"] == s["game/excluded_trajs"] == 0
+    assert all(t.info["excluded"] is None for t in res.trajectories)
 
     # solver groups: G_s samples per question, distinct from proposer groups
     groups = {}
@@ -262,3 +272,165 @@ def test_config_and_argument_errors():
         _search_fns({"proposer": None, "judge": None})
     f = object()
     assert _search_fns(f) == (f, f) and _search_fns({"solver": f}) == (None, f)
+
+
+# ---- failures are left out of the loss, never scored ------------------------------------------------
+
+Q_LINCOLN = "Which American president was shot at a theatre in Washington in April of 1865?"
+
+
+class Scripted:
+    """Plays both roles from a script on the real tokenizer: the proposer searches twice, then asks
+    Q_LINCOLN; the solver searches once, then answers `solver_answer`."""
+
+    def __init__(self, tokenizer, solver_answer):
+        self.tokenizer, self.max_model_len, self.solver_answer = tokenizer, 4096, solver_answer
+
+    def generate(self, prompts, sampling):
+        outs = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            k = text.count(INFO_OPEN)
+            if "You set puzzles" in text:
+                reply = ["<search> Abraham Lincoln president </search>",
+                         "<search> Lincoln assassination theatre </search>", f"<question> {Q_LINCOLN} </question>"][k]
+            else:
+                reply = "<search> Lincoln </search>" if k == 0 else f"<answer> {self.solver_answer} </answer>"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
+        return outs
+
+
+SCRIPT_ROLLOUT = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2)
+ROW = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _round(tokenizer, answer, search, judge, rag="off"):
+    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier=rag, rag_distractors=0)
+    res = play_round(Scripted(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
+    props = [t for t in res.trajectories if t.role == "proposer"]
+    sols = [t for t in res.trajectories if t.role == "solver"]
+    assert len(props) == 2 and all(t.info["valid"] for t in props) and len(sols) == 4   # 1 + 2 groups
+    return res, props, sols
+
+
+@pytest.mark.timeout(120)
+def test_judge_outage_leaves_solver_groups_and_their_proposers_out(tokenizer, bm25, dead_url):
+    # "Grant" is not an exact match, so every solver answer needs the judge, which is down. Before,
+    # that read as "wrong": solver reward 0 and proposer reward 1 - 0 = 1, paid for by the outage.
+    judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
+    res, props, sols = _round(tokenizer, "Grant", bm25.search, judge)
+    assert all(t.info["judge_failed"] for t in sols)
+    assert all(t.info["excluded"] == "judge_failed" for t in res.trajectories)
+    s = res.stats
+    assert (s["game/groups"], s["game/excluded_groups"], s["game/excluded_trajs"]) == (3, 3, 6)
+    assert (s["game/excluded/judge_failed"], s["game/excluded/search_failed"]) == (3, 0)
+
+
+@pytest.mark.timeout(120)
+def test_nothing_failed_nothing_left_out(tokenizer, bm25, dead_url):
+    # The same round, answered exactly: the dead judge is never asked, so nothing is left out.
+    judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
+    res, props, sols = _round(tokenizer, "Abraham Lincoln", bm25.search, judge)
+    assert all(t.info["excluded"] is None for t in res.trajectories) and res.stats["judge/failures"] == 0
+    assert (res.stats["game/groups"], res.stats["game/excluded_groups"]) == (3, 0)
+    assert [t.reward for t in props] == [0.0, 0.0] and all(t.reward == 1.0 for t in sols)
+
+
+@pytest.mark.timeout(120)
+def test_search_outage_leaves_groups_out(tokenizer, bm25):
+    def down(queries, topk):
+        raise ConnectionError("retriever at http://127.0.0.1:1 refused the connection")
+
+    # the solver's search is down: its groups, and the proposers paid off them, are left out
+    res, props, sols = _round(tokenizer, "Abraham Lincoln", {"proposer": bm25.search, "solver": down}, Judge())
+    assert all(t.info["search_failed"] == 1 for t in sols) and all(t.info["search_failed"] == 0 for t in props)
+    assert all(t.info["excluded"] == "search_failed" for t in res.trajectories)
+    assert (res.stats["game/excluded/search_failed"], res.stats["game/excluded_groups"]) == (3, 3)
+
+    # the proposer's search is down: its question is refused (too few searches), and that penalty came from
+    # the outage, so the proposer group is left out; the solvers of pool questions still train
+    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off")
+    pool = QuestionPool.from_list(SEED_POOL, seed=0)
+    res = play_round(Scripted(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
+                     SCRIPT_ROLLOUT, pool=pool, step=0)
+    props = [t for t in res.trajectories if t.role == "proposer"]
+    sols = [t for t in res.trajectories if t.role == "solver"]
+    assert all(not t.info["valid"] and t.info["excluded"] == "search_failed" for t in props)
+    assert sols and all(t.info["from_pool"] and t.info["excluded"] is None for t in sols)
+    assert (res.stats["game/groups"], res.stats["game/excluded_groups"]) == (1 + 2, 1)
+
+
+@pytest.mark.timeout(120)
+def test_rag_check_undecided_leaves_the_proposer_group_out(tokenizer, bm25, dead_url):
+    # The RAG verifier (the judge) is down: the question passes unchecked (SSP), but whether it was
+    # answerable is unknown, so the proposer's reward is not used. The solvers answered exactly.
+    judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
+    res, props, sols = _round(tokenizer, "Lincoln", bm25.search, judge, rag="judge")
+    assert all(t.info["rag"] is None and t.info["excluded"] == "judge_failed" for t in props)
+    assert all(t.info["excluded"] is None for t in sols)
+    assert (res.stats["game/groups"], res.stats["game/excluded_groups"], res.stats["game/rag_unavailable"]) == (3, 1, 2)
+
+
+class _RagServer(BaseHTTPRequestHandler):
+    """Answers RAG prompts with "<answer> Grant </answer>" and fails (500) every judging request."""
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body["messages"][0]["content"] == JUDGE_SYSTEM:
+            self.send_response(500)
+            self.end_headers()
+            return
+        data = json.dumps({"choices": [{"message": {"content": "<answer> Grant </answer>"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.mark.timeout(60)
+def test_rag_check_judge_failing_on_a_non_exact_answer_is_undecided(handmade):
+    # Before, a judge that failed on a non-EM RAG answer made it "wrong": rag_failed, the invalid penalty.
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), _RagServer)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        judge = Judge(f"http://127.0.0.1:{srv.server_address[1]}", model="judge", retries=0, backoff_s=0.0)
+        reasons, verdict = validate(handmade, None, judge, GameConfig(rag_verifier="judge"), random.Random(0))
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert verdict == {0: None, 3: None} and judge.stats["failures"] == 2
+    assert reasons == [None, "answer_in_question", "no_question", None]
+    assert all(handmade[i].info["rag_answer"] == "Grant" for i in (0, 3))
+
+
+def test_mark_excluded_groups_and_precedence():
+    def sol(gid, proposer, judge_failed=False, search_failed=0):
+        return Trajectory("solver", gid, [1], [1], [-1.0], info={"meta": {"proposer": proposer}, "judge_failed":
+                                                                 judge_failed, "search_failed": search_failed})
+
+    props = [Trajectory("proposer", g, [1], [1], [-1.0], info={"search_failed": f, "meta": {"row": 0}})
+             for g, f in (("p0", 0), ("p0", 0), ("p1", 0), ("p1", 0), ("p2", 1))]
+    sols = [sol("q0", 0), sol("q0", 0, search_failed=2),             # proposer 0 <- search_failed; p0 with it
+            sol("q1", 2), sol("q1", 2, judge_failed=True, search_failed=1),   # both: judge_failed names it
+            sol("q2", None, judge_failed=True),                      # a pool question: no proposer to blame
+            sol("q3", 3)]                                             # fine, but proposer 3's group has 2
+    counts = mark_excluded(props, sols, verdict={0: True, 2: True, 3: True})
+    assert [t.info["excluded"] for t in props] == ["search_failed", "search_failed", "judge_failed", "judge_failed",
+                                                   "search_failed"]
+    assert [t.info["excluded"] for t in sols] == ["search_failed"] * 2 + ["judge_failed"] * 3 + [None]
+    assert counts == {"game/groups": 3 + 4, "game/excluded_groups": 6, "game/excluded_trajs": 10,
+                      "game/excluded/judge_failed": 3, "game/excluded/search_failed": 3}
+    # an undecided RAG check excludes that proposer's group alone
+    props = [Trajectory("proposer", "p0", [1], [1], [-1.0], info={"meta": {}}) for _ in range(2)]
+    assert mark_excluded(props, [], {0: True, 1: None})["game/excluded/judge_failed"] == 1
