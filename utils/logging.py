@@ -3,12 +3,18 @@
 Metric names are namespaced (`proposer/reward_mean`, `timing_s/generate`, ...),
 and every scalar written to TensorBoard is also appended to metrics.jsonl so a
 run can be compared or plotted without TensorBoard.
+
+Non-finite values are logged, never dropped: a NaN loss is the first thing to see.
+TensorBoard takes them as they are. Strict JSON has no NaN or infinity, so metrics.jsonl
+holds the strings "nan", "inf" and "-inf" there; `float(v)` reads every value back, and
+`read_metrics` returns the rows with those strings turned into floats again.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import numbers
 import sys
 import time
 from pathlib import Path
@@ -16,10 +22,40 @@ from pathlib import Path
 from utils.dist import is_main
 
 
+NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
+
+
 def print0(*args, **kwargs) -> None:
     if is_main():
         print(*args, **kwargs, flush=True)
-        
+
+
+def as_scalar(v) -> float | None:
+    """A metric value as a float (NaN and inf included); None for what is not a number."""
+    if hasattr(v, "item") and not isinstance(v, numbers.Real):  # numpy / torch scalars (0-d tensors)
+        try:
+            v = v.item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+    return float(v) if isinstance(v, numbers.Real) else None
+
+
+def json_scalar(x: float) -> float | str:
+    """x, or "nan" / "inf" / "-inf" where strict JSON has no number for it."""
+    if math.isfinite(x):
+        return x
+    return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The rows of a metrics.jsonl, with the "nan" / "inf" / "-inf" strings back as floats."""
+    rows = []
+    for line in Path(path).read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows.append({k: NONFINITE.get(v, v) if isinstance(v, str) else v for k, v in row.items()})
+    return rows
+
 
 class RunLogger:
     """Rank 0 writes; other ranks hold a logger that does nothing."""
@@ -28,6 +64,7 @@ class RunLogger:
         self.enabled = is_main() if enabled is None else enabled
         self.out_dir = Path(out_dir)
         self.tb = None
+        self._skipped: set[str] = set()
         if not self.enabled:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -39,12 +76,21 @@ class RunLogger:
     def scalars(self, step: int, metrics: dict) -> None:
         if not self.enabled:
             return
-        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        clean = {}
+        for k, v in metrics.items():
+            x = as_scalar(v)
+            if x is None:
+                if k not in self._skipped:  # a string or a list is not a scalar; said once per name
+                    self._skipped.add(k)
+                    warn(f"metric {k!r} is not a number ({type(v).__name__}); not logged")
+                continue
+            clean[k] = x
         if self.tb is not None:
-            for k, v in clean.items():
-                self.tb.add_scalar(k, v, step)
+            for k, x in clean.items():
+                self.tb.add_scalar(k, x, step)
             self.tb.flush()
-        self._metrics.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
+        row = {"step": step, "time": time.time(), **{k: json_scalar(x) for k, x in clean.items()}}
+        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")
         self._metrics.flush()
 
     def text(self, step: int, tag: str, body: str) -> None:

@@ -1,0 +1,56 @@
+"""utils/logging.py: non-finite metrics are logged (TensorBoard and strict-JSON metrics.jsonl), never dropped."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from utils.logging import RunLogger, read_metrics
+
+
+def _strict(line: str) -> dict:
+    def refuse(const):
+        raise ValueError(f"non-standard JSON constant {const}")
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_nonfinite_metrics_reach_jsonl_as_strings_and_read_back(tmp_path, capsys):
+    log = RunLogger(tmp_path, enabled=True, tensorboard=False)
+    log.scalars(3, {"loss/policy": float("nan"), "grad/norm": float("inf"), "x/neg": float("-inf"),
+                    "solver/acc": 0.5, "game/groups": 7, "np/f32": np.float32(2.5), "torch/t": torch.tensor(1.25),
+                    "flag": True, "note": "text"})
+    log.close()
+    (line,) = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    row = _strict(line)  # strict JSON: no NaN / Infinity tokens
+    assert row["loss/policy"] == "nan" and row["grad/norm"] == "inf" and row["x/neg"] == "-inf"
+    assert row["solver/acc"] == 0.5 and row["game/groups"] == 7 and row["np/f32"] == 2.5 and row["torch/t"] == 1.25
+    assert row["flag"] == 1.0 and "note" not in row and row["step"] == 3
+    assert all(math.isfinite(float(v)) or isinstance(v, str) for k, v in row.items() if k != "time")
+    (back,) = read_metrics(tmp_path / "metrics.jsonl")
+    assert math.isnan(back["loss/policy"]) and back["grad/norm"] == math.inf and back["x/neg"] == -math.inf
+    assert back["solver/acc"] == 0.5
+    assert "'note' is not a number" in capsys.readouterr().err
+
+
+def test_nonfinite_metrics_reach_tensorboard(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = RunLogger(tmp_path, enabled=True, tensorboard=True)
+    log.scalars(1, {"loss/policy": float("nan"), "grad/norm": float("inf"), "solver/acc": 0.25})
+    log.close()
+    acc = EventAccumulator(str(tmp_path / "tensorboard"))
+    acc.Reload()
+    assert set(acc.Tags()["scalars"]) == {"loss/policy", "grad/norm", "solver/acc"}
+    assert math.isnan(acc.Scalars("loss/policy")[0].value) and acc.Scalars("grad/norm")[0].value == math.inf
+
+
+def test_disabled_logger_writes_nothing(tmp_path):
+    log = RunLogger(tmp_path / "off", enabled=False)
+    log.scalars(0, {"a": float("nan")})
+    log.close()
+    assert not (tmp_path / "off").exists()
