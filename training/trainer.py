@@ -390,14 +390,15 @@ class SSPTrainer:
         from training.update import ppo_update
 
         o = self.cfg.optimisation
-        metrics, n_steps = ppo_update(self.actor, trajs, adv, old, ref, self.cfg.algorithm,
-                                      temperature=self.cfg.rollout.temperature, micro_token_budget=o.micro_token_budget,
-                                      seed=o.seed * 7 + self.step)
+        metrics, n_steps, n_skipped = ppo_update(
+            self.actor, trajs, adv, old, ref, self.cfg.algorithm, temperature=self.cfg.rollout.temperature,
+            micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step)
         out = reduce_metrics(metrics) if metrics else {}
         gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:
-            out["actor/grad_norm"] = float(gn)  # of the step's last optimizer step
+            out["actor/grad_norm"] = float(gn)  # of the step's last optimizer step; inf when it was skipped
         out["actor/optimizer_steps"] = float(n_steps)
+        out["actor/skipped_steps"] = float(n_skipped)
         out["actor/lr"] = float(self.actor.get_lr()[0])
         return self._mean_over_ranks(out)
 

@@ -21,11 +21,13 @@ Both are checked against plain torch on the whole batch (tests/training/test_upd
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
 
 from utils import dist as D
+from utils.logging import print0
 
 
 def engine_logprobs(engine, micro_batch, temperature: float = 1.0, compute_entropy: bool = False,
@@ -87,8 +89,9 @@ def split_mini_batches(trajs, n: int, seed: int) -> list[list[int]]:
 
 
 def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_token_budget: int,
-               seed: int = 0) -> tuple[list[dict], int]:
-    """The clipped-surrogate update of one SSP step. Returns (per-micro-batch metrics, optimizer steps).
+               seed: int = 0) -> tuple[list[dict], int, int]:
+    """The clipped-surrogate update of one SSP step. Returns (per-micro-batch metrics, optimizer steps,
+    of which skipped for a non-finite loss or gradient norm on some rank).
 
     algo: training.config.AlgoArgs. `update_mode` combined = both roles in one optimizer step,
     sequential = the proposer's step, then the solver's. `ppo_epochs` x `ppo_mini_batches`
@@ -99,7 +102,7 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
 
     roles = [None] if algo.update_mode == "combined" else ["proposer", "solver"]
     metrics: list[dict] = []
-    n_steps = 0
+    n_steps = n_skipped = 0
     engine.train()
     for epoch in range(algo.ppo_epochs):
         # The same split on every rank count is not needed: each rank splits its own trajectories,
@@ -125,12 +128,36 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                         clip_high=algo.clip_high, dual_clip=algo.dual_clip or None,
                         ref_logprobs=t.get("ref_logprobs"), kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator,
                         entropy=ent, entropy_coef=algo.entropy_coef, rollout_logprobs=t["rollout_logprobs"],
-                        tis_cap=algo.tis_cap or None)
+                        tis_cap=algo.tis_cap or None, on_nonfinite="skip")
 
-                metrics += accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True)
-                engine.step()
+                mb_metrics = accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True)
+                metrics += mb_metrics
                 n_steps += 1
-    return metrics, n_steps
+                if skip_together(engine, mb_metrics):
+                    n_skipped += 1
+                    continue
+                engine.step()
+                # ZeRO-3 itself skips a step whose global (all-reduced) gradient norm is not finite
+                # (stage3.step: is_invalid_grad_norm), on every rank alike; count it
+                n_skipped += not math.isfinite(float(engine.get_global_grad_norm() or 0.0))
+    return metrics, n_steps, n_skipped
+
+
+def skip_together(engine, mb_metrics: list[dict]) -> bool:
+    """True (on every rank) when any rank met a non-finite input or log-prob in this optimizer step.
+
+    Such a micro-batch contributed a zero loss (policy_loss on_nonfinite="skip"), so stepping would
+    apply the other micro-batches and ranks alone; raising on one rank would hang the others at
+    their next collective. So the flag is all-reduced and every rank drops the accumulated gradient:
+    zero_grad() resets ZeRO-3's micro_step_id, and the next accumulation's first backward then
+    overwrites the stale partitions instead of adding to them (tests/training/test_update.py)."""
+    local = max((float(m.get("actor/nonfinite", 0.0)) for m in mb_metrics), default=0.0)
+    if not D.all_reduce_max(local):
+        return False
+    engine.optimizer.zero_grad()
+    print0("update: NON-FINITE loss inputs or log-probs on some rank; every rank skipped this optimizer "
+             "step (actor/skipped_steps; --max_nonfinite_steps stops the run after that many in a row)")
+    return True
 
 
 def _local_trainable(engine) -> list[torch.Tensor]:

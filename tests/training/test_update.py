@@ -46,6 +46,12 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(tiny_model_dir, tm
     # about 20x its size, hence the looser bound (measured 1.8e-5)
     assert res["sgd_optimizer_steps"] == 1 and res["sgd_moved"] > 1e-4
     assert res["sgd_rel_err"] < 1e-4, res
+    # a non-finite loss on one rank: the step is skipped on every rank (no weight moved anywhere,
+    # gathered weights are the same on all ranks by construction), and training goes on afterwards
+    assert res["nan_skipped"] == 1 and res["nan_moved"] == 0.0, res
+    # ... and the next step is exactly the whole batch's SGD step: the dropped gradient did not leak into it
+    assert res["after_nan_skipped"] == 0 and res["after_nan_moved"] > 1e-4, res
+    assert res["after_nan_rel_err"] < 1e-4, res
 
 
 def test_the_check_catches_a_forward_that_bypasses_the_engine(tiny_model_dir, tmp_path):

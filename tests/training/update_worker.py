@@ -8,6 +8,8 @@ Phases, each at weights gathered from the engine so the reference sees exactly t
             (rank 1 of 2 ends on an equalising pad) == gradient of the whole batch's loss
   grad_sft  the same for the SFT loss (token-mean NLL of the model-written tokens)
   sgd       one ppo_update() with plain SGD moves every weight by -lr * g_whole_batch
+  nan       a NaN advantage on the last rank only: every rank skips that optimizer step, and the next
+            step is exactly the whole batch's SGD step again (no stale gradient leaks into it)
 
 --bypass=forward runs the forward through engine.module (the code before the fix) and --bypass=scale
 leaves DeepSpeed's averaging over ranks uncompensated: the test must see both.
@@ -189,7 +191,7 @@ def main() -> None:
     w_before = sync_reference()
     assert all(torch.equal(w_before[k], w0[k]) for k in w0), "the gradient phases must not move the weights"
     algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0)
-    metrics, n_steps = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
+    metrics, n_steps, _ = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
                                   temperature=1.0, micro_token_budget=budget)
     w_after = gathered(engine)
     loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
@@ -198,6 +200,31 @@ def main() -> None:
     res["sgd_rel_err"] = rel_err({k: w_after[k] - w_before[k] for k in w_before}, expected)
     res["sgd_optimizer_steps"] = n_steps
     res["sgd_moved"] = max(float((w_after[k] - w_before[k]).abs().max()) for k in w_before)
+    engine.optimizer.zero_grad()
+
+    # ---- nan: a non-finite advantage on the last rank only; every rank skips that step together,
+    # and the next step trains normally
+    w_before = gathered(engine)
+    bad_adv = [a.clone() for a in (adv[i] for i in mine_idx)]
+    if rank == world - 1:
+        bad_adv[0][-1] = float("nan")
+    _, n_steps, n_skipped = ppo_update(engine, mine, bad_adv, [old[i] for i in mine_idx], None, algo,
+                                       temperature=1.0, micro_token_budget=budget)
+    w_after = gathered(engine)
+    res["nan_skipped"] = n_skipped
+    res["nan_moved"] = max(float((w_after[k] - w_before[k]).abs().max()) for k in w_before)
+    # the next step: exactly -lr * g of the whole batch at the current weights, so nothing of the
+    # skipped step's accumulated gradient leaked into it
+    sync_reference()
+    _, _, n_skipped = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
+                                 temperature=1.0, micro_token_budget=budget)
+    w_next = gathered(engine)
+    loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
+    loss.backward()
+    expected = {k: -LR * p.grad for k, p in ref.named_parameters()}
+    res["after_nan_skipped"] = n_skipped
+    res["after_nan_rel_err"] = rel_err({k: w_next[k] - w_after[k] for k in w_after}, expected)
+    res["after_nan_moved"] = max(float((w_next[k] - w_after[k]).abs().max()) for k in w_after)
     flags = D.all_gather_object({k: v for k, v in res.items() if k.startswith(f"rank{rank}_")})
     if rank == 0:
         for f in flags:
