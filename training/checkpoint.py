@@ -48,6 +48,7 @@ OPERATIONAL = frozenset({
     "optimisation.total_steps",       # extending a run; cosine/linear LR and the simulated-search noise
                                       # curriculum stretch to the new total from the resumed step on
     "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
+    "optimisation.max_failed_share", "optimisation.failed_share_window", "optimisation.max_nonfinite_steps",  # guards
     "model.gradient_checkpointing",   # recompute, same math
     "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
     "checkpointing.overwrite",

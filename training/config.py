@@ -145,6 +145,11 @@ class OptimArgs:
     total_steps: int = F(100, "SSP steps (games) to run")
     micro_token_budget: int = F(8192, "packing: max tokens per micro-batch row")
     seed: int = F(42, "global seed; each rank derives its own")
+    max_failed_share: float = F(0.5, "stop the run when more than this share of the game's groups was left out of the "
+                                     "loss (failed judging or search) over the last --failed_share_window steps; 1 never stops")
+    failed_share_window: int = F(5, "steps the --max_failed_share is taken over")
+    max_nonfinite_steps: int = F(3, "stop the run after this many steps in a row whose loss inputs, log-probs or gradient "
+                                    "norm were not finite (each such optimizer step is skipped on every rank)")
 
 
 @dataclass
@@ -290,6 +295,11 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
         errs.append("estimator 'gae' needs a critic, which this trainer does not build yet; use grpo, rloo, reinforce++ or ema")
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:
         errs.append(f"clip range must satisfy 0 <= clip_low < 1 and clip_high > 0 (got {a.clip_low}, {a.clip_high})")
+    if not 0.0 <= o.max_failed_share <= 1.0:
+        errs.append(f"--max_failed_share must be a share in [0, 1], got {o.max_failed_share}")
+    if o.failed_share_window < 1 or o.max_nonfinite_steps < 1:
+        errs.append(f"--failed_share_window and --max_nonfinite_steps must be >= 1 (got {o.failed_share_window}, "
+                    f"{o.max_nonfinite_steps})")
     if a.ppo_epochs < 1 or a.ppo_mini_batches < 1:
         errs.append(f"--ppo_epochs and --ppo_mini_batches must be >= 1 (got {a.ppo_epochs}, {a.ppo_mini_batches})")
     if a.dual_clip and a.dual_clip <= 1:

@@ -33,7 +33,8 @@ from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
 
 # Counts summed over ranks (the rest are means): every token count is a global count.
-SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
+SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "game/groups", "game/excluded_groups", "game/excluded_trajs",
+            "game/excluded/judge_failed", "game/excluded/search_failed", "search/sim_docs", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
             "search/calls", "search/failures", "search/queries")
 
 
@@ -105,6 +106,10 @@ class SSPTrainer:
         self.cursor = 0      # proposer rows consumed (global)
         self.qa_cursor = 0   # fixed QA rows consumed (global)
         self.ema_state: dict = {}
+        from training.guards import FailureGuard, NonFiniteGuard
+        o = cfg.optimisation
+        self.failures = FailureGuard(o.max_failed_share, o.failed_share_window)
+        self.nonfinite = NonFiniteGuard(o.max_nonfinite_steps)
         self._resume()
 
     # ------------------------------------------------------------------ set-up
@@ -182,6 +187,9 @@ class SSPTrainer:
         state = C.load(self.actor, path)
         self.step, self.cursor, self.qa_cursor = int(state["step"]), int(state["cursor"]), int(state.get("qa_cursor", 0))
         self.ema_state = state.get("ema_state", {})
+        if "guards" in state:
+            self.failures.load_state_dict(state["guards"]["failures"])
+            self.nonfinite.load_state_dict(state["guards"]["nonfinite"])
         self.pool = QuestionPool.from_list(state.get("pool", []), self.cfg.selfplay.pool_size,
                                            seed=self.cfg.optimisation.seed + self.dp_rank)
         if "pool_rng" in state:
@@ -196,6 +204,7 @@ class SSPTrainer:
         C.save(self.actor, self.out, self.step,
                {"cursor": self.cursor, "qa_cursor": self.qa_cursor, "pool": self.pool.to_list(), "pool_rng": self.pool.rng.getstate(),
                 "ema_state": self.ema_state,
+                "guards": {"failures": self.failures.state_dict(), "nonfinite": self.nonfinite.state_dict()},
                 "curriculum": self.simulated.state_dict() if self.simulated is not None else {}},
                tokenizer_dir=self.cfg.model.model_path, export=ck.export_hf, max_ckpts=ck.max_ckpts)
 
@@ -290,8 +299,15 @@ class SSPTrainer:
             self._shape_self_search_rewards(game.trajectories)
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
+        game_stats = self._reduce_game_stats(game.stats)
+        # Groups whose judging or search failed (inference/game.mark_excluded) never reach the loss;
+        # past --max_failed_share of them over the window the run stops here, on every rank alike
+        # (the counts are global), before it trains on the biased remainder.
+        self.failures.update(game_stats.get("game/excluded_groups", 0.0), game_stats.get("game/groups", 0.0),
+                             {k.rsplit("/", 1)[1]: v for k, v in game_stats.items() if k.startswith("game/excluded/")})
         roles = self.trained_roles()
-        trajs = [t for t in game.trajectories if t.num_sampled > 0 and t.role in roles]
+        trajs = [t for t in game.trajectories
+                 if t.num_sampled > 0 and t.role in roles and not t.info.get("excluded")]
 
         with self._timer(times, "logprobs"):
             if cfg.algorithm.old_logprobs == "rollout":  # vLLM's raw log-probs, validated to be the policy's
@@ -307,9 +323,12 @@ class SSPTrainer:
             upd = self.update(trajs, adv, old, ref)
             upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
         upd["actor/rollout_lp_gap"] = gap
+        # a step with a skipped optimizer step counts as non-finite; N in a row stop the run (all ranks:
+        # the count is the same everywhere)
+        self.nonfinite.update(upd.get("actor/skipped_steps", 0.0) > 0, what="loss inputs, log-probs or gradient norm")
         _fault_point("after_update", self.step)
 
-        metrics = {**self._reduce_game_stats(game.stats), **upd, **sync}
+        metrics = {**game_stats, **upd, **sync}
         metrics.update(self._rollout_metrics(game.trajectories))
         metrics.update(self._mean_over_ranks({f"train/{role}_tokens": float(sum(t.num_sampled for t in trajs if t.role == role))
                                               for role in ("proposer", "solver")}))  # summed: SUM_KEYS
@@ -320,7 +339,8 @@ class SSPTrainer:
             st = {k: self.simulated.stats[k] - sim_before.get(k, 0) for k in self.simulated.stats}
             metrics.update(self._mean_over_ranks({"search/sim_noise_p": self.simulated.noise_p,
                                                   "search/sim_noisy_frac": st["noisy"] / max(st["docs"], 1),
-                                                  "search/sim_failures": float(st["failures"])}))
+                                                  "search/sim_failures": float(st["failures"]),
+                                                  "search/sim_docs": float(st["docs"])}))
         times["timing_s/step"] = time.perf_counter() - t_step
         metrics.update({k: D.all_reduce_max(v) for k, v in sorted(times.items())})
         if cfg.logging.sample_every and (self.step + 1) % cfg.logging.sample_every == 0:
@@ -396,7 +416,7 @@ class SSPTrainer:
         out = reduce_metrics(metrics) if metrics else {}
         gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:
-            out["actor/grad_norm"] = float(gn)  # of the step's last optimizer step; inf when it was skipped
+            out["actor/grad_norm"] = float(gn)  # DeepSpeed's, of the last optimizer step it ran (inf: it skipped it)
         out["actor/optimizer_steps"] = float(n_steps)
         out["actor/skipped_steps"] = float(n_skipped)
         out["actor/lr"] = float(self.actor.get_lr()[0])
@@ -415,6 +435,12 @@ class SSPTrainer:
 
     def _rollout_metrics(self, trajs) -> dict:
         m = {}
+        sols = [t for t in trajs if t.role == "solver"]
+        if sols:  # the rewards the loss sees (after any shaping), beside the correctness they came from
+            m["train/solver_reward_mean"] = float(np.mean([t.reward for t in sols]))
+            m["train/solver_correct_mean"] = float(np.mean([float(t.info.get("correct", 0.0)) for t in sols]))
+            if self.cfg.search.self_search_format_reward:
+                m["search/self_format_reward"] = float(np.mean([t.info["format_reward"] for t in sols]))
         for role in ("proposer", "solver"):
             sub = [t for t in trajs if t.role == role]
             if sub:

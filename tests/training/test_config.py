@@ -37,6 +37,8 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--tis_cap", "2", "--temperature", "0.7"], "needs --temperature 1.0"),
     (["--old_logprobs", "rollout", "--temperature", "0.8"], "--old_logprobs rollout uses vLLM's raw"),
     (["--train_top_layers", "-1"], "--train_top_layers must be >= 0"),
+    (["--max_failed_share", "1.5"], "--max_failed_share must be a share in [0, 1], got 1.5"),
+    (["--max_nonfinite_steps", "0"], "--max_nonfinite_steps must be >= 1"),
     (["--min_searches", "3", "--max_turns", "3"], "--min_searches 3 needs --max_turns >= 4"),
     (["--ppo_epochs", "0"], "--ppo_epochs and --ppo_mini_batches must be >= 1"),
     (["--pool_init", "/nonexistent.jsonl"], "--pool_init /nonexistent.jsonl does not exist"),

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from utils.dist import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 
 MODES = {
@@ -41,7 +43,15 @@ MODES = {
     "ppo_epochs": ["--ppo_epochs", "2", "--ppo_mini_batches", "2", "--lr", "1e-3", "--entropy_coef", "0.05"],
     # bf16 weights in both engines: the rollout/actor gap is measured by a forward, not read off itself
     "bf16_rollout_lp": ["--dtype", "bf16", "--old_logprobs", "rollout", "--lr", "1e-3", "--entropy_coef", "0.05"],
+    # a judge outage (nothing listens on --judge_url): every judging fails, so every solver group is
+    # left out of the loss (half the groups here); tolerated (--max_failed_share 1), or stopped.
+    # A random tiny model writes no <answer> (which needs no judge), so in these modes the driver
+    # reads "x" as every solver's answer: each one then goes to the real LLM judge client.
+    "judge_down_tolerated": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m",
+                             "--max_failed_share", "1.0"],
+    "judge_down": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m", "--max_failed_share", "0.25"],
 }
+STOPS = {"judge_down"}  # modes that must stop with a RuntimeError (recorded in error.txt)
 
 DRIVER = textwrap.dedent("""
     import json, sys
@@ -49,11 +59,23 @@ DRIVER = textwrap.dedent("""
     from training.config import parse_config
     from training.trainer import SSPTrainer
     modes, common, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+    import inference.game as G
+    extract = G.extract_answer
     alive = []  # a collected vLLM engine tears down process groups DeepSpeed still caches
     for name, extra in modes.items():
+        G.extract_answer = (lambda text: "x") if name.startswith("judge_down") else extract
         cfg = parse_config(common + extra + ["--output_dir", f"{{out}}/{{name}}"])
         alive.append(SSPTrainer(cfg))
-        alive[-1].run()
+        try:
+            alive[-1].run()
+        except RuntimeError as e:  # a guard stopped the run: recorded for the test to judge
+            open(f"{{out}}/{{name}}/error.txt", "w").write(str(e))
+        if name == "simulated":  # a random tiny model rarely searches: ask the trainer's own backend
+            s = alive[-1].search["solver"]
+            docs = s.search(["capital of France", "largest river in Europe"], 2,
+                            contexts=[{{"question": "What is the capital of France?", "answer": ["Paris"]}}] * 2)
+            json.dump({{"docs": [len(d) for d in docs], "failures": s.failures, "stats": s.backend.stats}},
+                      open(f"{{out}}/{{name}}/direct_search.json", "w"))
 """)
 
 
@@ -78,10 +100,16 @@ def runs(tmp_path_factory, tiny_model_dir):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
     (d / "driver.py").write_text(DRIVER.format(repo=str(REPO)))
-    r = subprocess.run([sys.executable, str(d / "driver.py"), json.dumps(MODES), json.dumps(common), str(d / "out")],
+    dead_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    modes = {k: [a.replace("{dead_url}", dead_url) for a in v] for k, v in MODES.items()}
+    r = subprocess.run([sys.executable, str(d / "driver.py"), json.dumps(modes), json.dumps(common), str(d / "out")],
                        cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
-    runs = {name: [json.loads(line) for line in (d / "out" / name / "metrics.jsonl").open()] for name in MODES}
+    runs = {name: [json.loads(line) for line in (d / "out" / name / "metrics.jsonl").open()]
+            for name in MODES if (d / "out" / name / "metrics.jsonl").exists()}
+    runs["_direct_search"] = json.loads((d / "out" / "simulated" / "direct_search.json").read_text())
+    runs["_errors"] = {name: (d / "out" / name / "error.txt").read_text()
+                       for name in MODES if (d / "out" / name / "error.txt").exists()}
     runs["_dirs"] = {"out": d / "out", "tiny": tiny_model_dir}
     return runs
 
@@ -89,7 +117,8 @@ def runs(tmp_path_factory, tiny_model_dir):
 @pytest.mark.slow
 @pytest.mark.timeout(1000)
 def test_each_mode_trains_only_its_roles(runs):
-    for name, steps in ((k, v) for k, v in runs.items() if k in MODES):
+    assert set(runs["_errors"]) == STOPS, runs["_errors"]
+    for name, steps in ((k, v) for k, v in runs.items() if k in MODES and k not in STOPS):
         assert [m["step"] for m in steps] == [1, 2], name
     played = lambda m, role: m.get(f"rollout/{role}_trajs", 0) > 0  # noqa: E731
     tokens = lambda m, role: m[f"train/{role}_tokens"]  # noqa: E731
@@ -120,6 +149,32 @@ def test_each_mode_trains_only_its_roles(runs):
     for name in ("simulated", "self_search", "retriever_proposer_self_solver"):
         for m in runs[name]:
             assert played(m, "proposer") and played(m, "solver") and tokens(m, "solver") > 0, name
+    # the simulator on the policy's own engine (the trainer's wiring, after two steps of weight
+    # syncs) writes documents (issue 14 (8): on a shared engine it once returned none)
+    for m in sim:
+        assert m["search/sim_failures"] == 0 and m["game/excluded/search_failed"] == 0, m
+    direct = runs["_direct_search"]
+    assert direct["failures"] == 0 and direct["stats"]["failures"] == 0, direct
+    assert direct["docs"] == [2, 2] and direct["stats"]["docs"] >= 4, direct
+    # SSRL shaping reached the rewards the loss sees: 0.9 * correct + 0.1 * format, per trajectory
+    for m in runs["self_search"]:
+        assert m["train/solver_reward_mean"] == pytest.approx(
+            0.9 * m["train/solver_correct_mean"] + 0.1 * m["search/self_format_reward"], abs=1e-6), m
+
+
+@pytest.mark.slow
+def test_failed_judging_is_left_out_and_stops_the_run(runs):
+    """A judge outage: every judging fails, so every solver group is left out of the loss (the
+    proposers, whose questions were invalid and scored the format penalty without the judge, still
+    train), and past --max_failed_share the run stops at its first step with a message that says
+    why. Before, a failed judging counted as "wrong" and the solver trained on it."""
+    for m in runs["judge_down_tolerated"]:
+        assert m["solver/judge_failed"] > 0 and m["game/excluded/judge_failed"] == m["game/excluded_groups"] > 0, m
+        assert m["game/excluded_groups"] == m["game/groups"] - m["game/proposer_trajs"], m  # all solver groups
+        assert m["train/solver_tokens"] == 0 and m["actor/num_tokens"] == m["train/proposer_tokens"] > 0, m
+    assert runs.get("judge_down", []) == []            # stopped before any step was logged
+    err = runs["_errors"]["judge_down"]
+    assert "left out of the loss" in err and "--max_failed_share" in err and "judge_failed" in err, err
 
 
 @pytest.mark.slow
