@@ -16,12 +16,16 @@ engine, its share of the games, the packed loss, checkpointing):
     # DeepSpeed config, and pass that config through deepspeed.initialize on a stand-in model
     DRY_RUN=1 bash scripts/train_qwen2.5_7b_instruct.sh hostfile     # = train.py ... --dry_run
 
-Simplifications against the SSP paper's veRL release, on purpose:
-  * one optimizer step per game (no PPO mini-batch epochs); old log-probs are recomputed
-    by the actor right after generation, so the ratio starts at 1 and clipping guards
-    the single step; the rollout-vs-train gap is logged as actor/rollout_gap.
+Against the SSP paper's veRL release:
+  * PPO mini-batch epochs are flags (--ppo_epochs, --ppo_mini_batches; default one optimizer step
+    per game). Old log-probs are recomputed by the actor after generation (or taken from vLLM:
+    --old_logprobs rollout); actor/rollout_lp_gap measures the rollout-vs-actor gap by a forward.
   * no critic: estimator "gae" (PPO) is refused by validate_args.
-  * simulated (ZeroSearch) search is not implemented yet; self-search must cover both roles.
+  * search backends per role: retriever, simulated (ZeroSearch; an LLM writes the documents),
+    self (SSRL) or none.
+  * failures do not train: groups whose judging or search failed are left out of the loss, and
+    the run stops past --max_failed_share; an optimizer step with non-finite inputs or log-probs
+    is skipped on every rank, and --max_nonfinite_steps in a row stop the run.
 
 `python train.py --help` lists every flag, grouped. Resume after any crash with the same
 command line: --resume auto (the default) picks up the latest complete checkpoint.
