@@ -17,7 +17,6 @@ number of times on every rank: micro-batch counts are equalised with empty work.
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from contextlib import contextmanager
@@ -491,9 +490,7 @@ def _all_reduce_tensor(t: torch.Tensor) -> None:
 
 
 def _fault_point(where: str, step: int) -> None:
-    """Crash injection for the resume test: SSP_FAULT=after_generate:3 kills the process
-    (no clean-up, like a node failure) when step 3 reaches that point."""
-    spec = os.environ.get("SSP_FAULT", "")
-    if spec and spec == f"{where}:{step}":
-        print(f"SSP_FAULT: killing rank {D.rank()} at {where} of step {step}", flush=True)
-        os._exit(17)
+    """Crash injection for the resume test: SSP_FAULT=after_generate:3 kills the process (no
+    clean-up, like a node failure) when step 3 reaches that point (training.checkpoint.fault_point)."""
+    from training.checkpoint import fault_point
+    fault_point(where, step)

@@ -127,6 +127,12 @@ def main() -> None:
         U.engine_logprobs = lambda e, mb, temp=1.0, ent=False, **kw: sequence_logprobs(e.module, mb, temp, ent)
     if bypass == "scale":    # no compensation for DeepSpeed averaging gradients over ranks
         U.dp_world_size = lambda e: 1
+    def sgd_step_by_hand():
+        """-lr * g, g the reference's gradient of the whole batch's loss at its current weights."""
+        loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
+        loss.backward()
+        return {k: -LR * p.grad for k, p in ref.named_parameters()}
+
     def sync_reference():
         w = gathered(engine)
         with torch.no_grad():
@@ -194,9 +200,7 @@ def main() -> None:
     metrics, n_steps, _ = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
                                   temperature=1.0, micro_token_budget=budget)
     w_after = gathered(engine)
-    loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
-    loss.backward()
-    expected = {k: -LR * p.grad for k, p in ref.named_parameters()}
+    expected = sgd_step_by_hand()
     res["sgd_rel_err"] = rel_err({k: w_after[k] - w_before[k] for k in w_before}, expected)
     res["sgd_optimizer_steps"] = n_steps
     res["sgd_moved"] = max(float((w_after[k] - w_before[k]).abs().max()) for k in w_before)
@@ -219,9 +223,7 @@ def main() -> None:
     _, _, n_skipped = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
                                  temperature=1.0, micro_token_budget=budget)
     w_next = gathered(engine)
-    loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
-    loss.backward()
-    expected = {k: -LR * p.grad for k, p in ref.named_parameters()}
+    expected = sgd_step_by_hand()
     res["after_nan_skipped"] = n_skipped
     res["after_nan_rel_err"] = rel_err({k: w_next[k] - w_after[k] for k in w_after}, expected)
     res["after_nan_moved"] = max(float((w_next[k] - w_after[k]).abs().max()) for k in w_after)
