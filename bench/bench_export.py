@@ -6,8 +6,8 @@ SmolLM2-135M (fp32).
 
 Each rank builds the real actor (training.engine_builder), then exports it again and again,
 alternating two ways:
-  * training.checkpoint.export_hf: one GatheredParameters per layer group, only rank 0 writes,
-    tensor by tensor, into sharded safetensors (--max_shard_size);
+  * training.checkpoint.export_hf: each tensor's partitions gathered to rank 0 alone (no
+    all-gather), rank 0 writes it into sharded safetensors (--max_shard_size) and lets it go;
   * the previous export, for contrast: every rank gathers the whole model into CPU memory,
     then rank 0 writes one unsharded file;
   * GatheredParameters of the largest group alone, writing nothing: the floor of any export
@@ -162,8 +162,8 @@ def main() -> None:
         return statistics.median(res["ranks"][rank][key])
 
     rows = []
-    for kind, label in (("new", f"export_hf: per layer group, rank 0 writes ({res['shards']} shards of "
-                                f"<= {args.max_shard_size})"),
+    for kind, label in (("new", f"export_hf: each tensor gathered to rank 0 alone, rank 0 writes ({res['shards']} "
+                                f"shards of <= {args.max_shard_size})"),
                         ("old", "before: every rank gathers the whole model, one file"),
                         ("floor", "reference: GatheredParameters of the largest group alone, nothing written")):
         rows.append([label, med(0, kind) / MB, med(1, kind) / MB, med(1, kind) / largest, med(0, f"{kind}_s")])
@@ -175,13 +175,12 @@ def main() -> None:
           f"largest group + 10% (ratio <= 1.1).\n\n"
           + md_table(["export", "rank 0 (writes) MB", "rank 1 MB", "rank 1 / largest group", "seconds"], rows)
           + f"\n\nRank 1 / largest group = {ratio:.2f}: target {'met' if ratio <= 1.1 else 'not met'}. "
-            f"The export's peak is the gather's own: GatheredParameters of that one group, writing nothing, peaks "
-            f"at {floor:.2f}x it on every rank, because the all-gather on gloo allocates a second buffer the size of "
-            f"its output (a bare torch.distributed all_gather_into_tensor of the same size, measured apart, peaks at 2x as well). "
-            f"Inside the gather each rank holds 1.0x, and rank 0 adds no copy of its own: each tensor is written "
-            f"straight from the gathered buffer (on a GPU the gather lives in GPU memory, and rank 0 copies one "
-            f"tensor at a time to the CPU). The previous export "
-            f"held the whole model on every rank. The page cache of the written files is not RSS.\n")
+            f"A non-writing rank only sends the partitions it already holds (torch.distributed.gather to rank 0), "
+            f"so it allocates nothing of the model; rank 0 receives one tensor at a time and writes it. For contrast, "
+            f"DeepSpeed's GatheredParameters of the largest group alone, writing nothing, peaks at {floor:.2f}x it on "
+            f"every rank (the all-gather gives every rank the whole output, and gloo a second buffer of it): that was "
+            f"the previous per-group export's floor (2.00x measured). The export before that held the whole model "
+            f"on every rank. The page cache of the written files is not RSS.\n")
     write_results("export", {
         "export.peak_rise_mb_rank0": round(med(0, "new") / MB, 1), "export.peak_rise_mb_rank1": round(med(1, "new") / MB, 1),
         "export.largest_group_mb": round(largest / MB, 1), "export.rank1_over_largest_group": round(ratio, 3),

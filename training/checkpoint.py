@@ -367,15 +367,27 @@ def _full_meta(t: torch.Tensor) -> torch.Tensor:
     return torch.empty(tuple(getattr(t, "ds_shape", t.shape)), dtype=t.dtype, device="meta")
 
 
+def _gather_to_main(p: torch.Tensor) -> torch.Tensor | None:
+    """The full tensor of a ZeRO-3 parameter on rank 0 (None on the others), from every rank's
+    partition (ds_tensor: equal slices of the flattened tensor in rank order, the last one padded),
+    so no other rank ever holds more than its own slice. Bytes travel (gloo gathers any dtype)."""
+    part = getattr(p, "ds_tensor", None)
+    if part is None:  # not partitioned (ZeRO-3 off): every rank holds it whole
+        return p.data if D.is_main() else None
+    parts = D.gather_to_main(part.data.reshape(-1).view(torch.uint8))
+    if parts is None:
+        return None
+    return torch.cat(parts).view(p.dtype)[:p.ds_numel].view(p.ds_shape)
+
+
 def export_hf(module, tokenizer_dir: str | Path, out_dir: str | Path, *,
               max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE) -> Path:
     """Write a plain HF folder of the actor's current weights, in save_pretrained's format:
     model-0000k-of-0000N.safetensors + model.safetensors.index.json (or one model.safetensors).
-    Collective: every rank enters one GatheredParameters per layer group (a decoder layer, or a
-    run of non-layer tensors such as the embeddings), and only rank 0 writes, tensor by tensor,
-    so every rank's extra memory is one gathered layer group, never the whole model (on CPU, gloo's
-    all-gather briefly holds a second copy of it: bench/RESULTS.md, section export)."""
-    import deepspeed
+    Collective: each parameter's partitions are gathered to rank 0 alone (not all-gathered), which
+    writes it and lets it go, so rank 0's extra memory is about one tensor and the other ranks'
+    nothing beyond their own partitions (bench/RESULTS.md, section export). Layer groups (a decoder
+    layer, or a run of non-layer tensors) are where the CPU heap is trimmed."""
     from huggingface_hub import split_torch_state_dict_into_shards
 
     from inference.engines import group_by_layer
@@ -394,12 +406,12 @@ def export_hf(module, tokenizer_dir: str | Path, out_dir: str | Path, *,
         tmp.mkdir(parents=True)
         writer = _ShardWriter(tmp, plan.filename_to_tensors, metas)
     for group in group_by_layer(params):
-        with deepspeed.zero.GatheredParameters([p for _, p in group], modifier_rank=None):
-            on_cpu = all(p.data.device.type == "cpu" for _, p in group)
+        for name, p in group:
+            full = _gather_to_main(p)
             if main:
-                for name, p in group:
-                    writer.write(name, p.data)
-        if on_cpu:
+                writer.write(name, full)
+            del full
+        if all(p.device.type == "cpu" for _, p in group):
             _trim_heap()
     if main:
         for name, b in buffers:

@@ -138,6 +138,24 @@ def all_reduce_max(value: int | float) -> float:
     return all_reduce_tensor(torch.tensor([value], dtype=torch.float64), "max").item()
 
 
+def gather_to_main(t):
+    """Every rank's `t` (same shape and dtype everywhere) on rank 0, in rank order; None on the other
+    ranks, which allocate nothing for it (an all-gather would give each of them the whole output).
+    The tensors travel through the backend's device when they live elsewhere."""
+    import torch
+    import torch.distributed as dist
+    if not _multi_rank():
+        return [t]
+    index = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    device = torch.device(collective_device(dist.get_backend(), index))
+    # Untested on GPU (no GPU in CI): under NCCL a CPU tensor (offloaded parameters) travels through a CUDA copy.
+    buf = t if t.device == device and t.is_contiguous() else t.contiguous().to(device)
+    main = dist.get_rank() == 0
+    out = [torch.empty_like(buf) for _ in range(dist.get_world_size())] if main else None
+    dist.gather(buf, out, dst=0)
+    return out
+
+
 def all_gather_object(obj):
     """Every rank's `obj`, in rank order. NCCL pickles through the current CUDA device,
     which init_distributed pins (torch's docs ask for it)."""

@@ -314,6 +314,20 @@ def export_worker(out: Path, model: Path) -> None:
     with deepspeed.zero.GatheredParameters([p for _, p in params]):
         if D.is_main():
             save_file({n: p.data.clone() for n, p in params}, str(out / "reference.safetensors"))
+    # odd sizes (7 x 3 = 21 and 3 elements over 2 ranks): the last partition is padded, and the
+    # gather to rank 0 must cut the padding off, in fp32 and bf16 alike
+    odd = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        with deepspeed.zero.Init(config_dict_or_path=actor.config, dtype=dtype):
+            lin = torch.nn.Linear(7, 3)
+        for name, p in lin.named_parameters():
+            assert p.ds_tensor.numel() * 2 > p.ds_numel, "partitioned, the last partition padded"
+            got = C._gather_to_main(p)
+            with deepspeed.zero.GatheredParameters([p]):
+                if D.is_main():
+                    odd[f"{dtype}_{name}"] = bool(torch.equal(got, p.data)) and got.shape == p.shape
+    if D.is_main():
+        (out / "odd.json").write_text(json.dumps(odd))
     D.barrier()
 
 
@@ -329,6 +343,8 @@ def test_sharded_export_round_trips_through_from_pretrained_and_vllm(tmp_path, t
     rc = _torchrun([str(Path(__file__).relative_to(REPO)), "export", str(out), str(tiny_model_dir)], tmp_path / "w.log",
                    PYTHONPATH=str(REPO))
     assert rc == 0, (tmp_path / "w.log").read_text()[-4000:]
+    odd = json.loads((out / "odd.json").read_text())
+    assert len(odd) == 4 and all(odd.values()), odd
     hf = out / "hf"
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     shards = sorted(hf.glob("model-*-of-*.safetensors"))
