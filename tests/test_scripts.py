@@ -82,6 +82,24 @@ def test_hub_id_is_refused_offline_with_the_fix(monkeypatch, offline):
     assert "huggingface-cli download Qwen/Qwen2.5-7B" in msg and "prepare_data.py" not in msg
 
 
+@pytest.mark.parametrize("offline", [None, "1"])
+def test_sft_takes_the_same_model_path_rule(monkeypatch, offline, tmp_path):
+    """training/sft.py once refused every hub id as 'does not exist'."""
+    from training.config import ConfigError
+    from training.sft import parse_sft_args
+    for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    if offline:
+        monkeypatch.setenv("HF_HUB_OFFLINE", offline)
+    (tmp_path / "demos.jsonl").write_text("")
+    argv = ["--model_path", "Qwen/Qwen2.5-7B", "--data", str(tmp_path / "demos.jsonl"), "--output_dir", str(tmp_path / "o")]
+    if offline:
+        with pytest.raises(ConfigError, match="is not a local folder, and the hub is offline"):
+            parse_sft_args(argv)
+    else:
+        parse_sft_args(argv)
+
+
 @pytest.mark.parametrize("path", ["/models/qwen-7b", "data/models/no-such-model", "./no-such-model",
                                   "tests/no-such-model", "a/b/c", "org/../name"])
 def test_missing_local_path_is_still_refused(monkeypatch, path):

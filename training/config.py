@@ -267,6 +267,25 @@ class ConfigError(ValueError):
     pass
 
 
+def model_path_errors(model_path: str) -> list[str]:
+    """[] for a local folder, or a hub id ("org/name", where "org" is no local folder) while the hub
+    is on (from_pretrained and vLLM download it); else the message that says what to do."""
+    import os
+    import re
+    if Path(model_path).exists():
+        return []
+    hub_id = (re.fullmatch(r"[\w.-]+/[\w.-]+", model_path) is not None and ".." not in model_path
+              and not Path(model_path.split("/")[0]).is_dir())
+    off = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""  # as huggingface_hub reads it
+    if hub_id and off.upper() in ("1", "ON", "YES", "TRUE"):
+        return [f"--model_path {model_path} is not a local folder, and the hub is offline here "
+                f"(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE={off}): download it first (`huggingface-cli download "
+                f"{model_path} --local-dir DIR`) and pass --model_path DIR, or switch the hub back on"]
+    if not hub_id:
+        return [f"--model_path {model_path} does not exist (run `python scripts/prepare_data.py` for the demo model)"]
+    return []
+
+
 def validate_args(cfg: Config, world_size: int | None = None) -> None:
     """Refuse combinations that cannot work, saying why. Called at parse time and again once
     the world size is known."""
@@ -316,20 +335,7 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
     if "retriever" in (s.proposer_search, s.solver_search) and not s.retriever_url and not Path(s.index).exists():
         errs.append(f"--index {s.index} does not exist and no --retriever_url is set; build it with "
                     f"`bash scripts/build_index.sh` or point --retriever_url at a running server")
-    if not Path(m.model_path).exists():
-        # A hub id ("org/name", and "org" is no local folder) is downloaded by from_pretrained and vLLM,
-        # unless the hub is switched off (read the way huggingface_hub.constants reads it).
-        import os
-        import re
-        hub_id = (re.fullmatch(r"[\w.-]+/[\w.-]+", m.model_path) is not None and ".." not in m.model_path
-                  and not Path(m.model_path.split("/")[0]).is_dir())
-        off = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-        if hub_id and off.upper() in ("1", "ON", "YES", "TRUE"):
-            errs.append(f"--model_path {m.model_path} is not a local folder, and the hub is offline here "
-                        f"(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE={off}): download it first (`huggingface-cli download "
-                        f"{m.model_path} --local-dir DIR`) and pass --model_path DIR, or switch the hub back on")
-        elif not hub_id:
-            errs.append(f"--model_path {m.model_path} does not exist (run `python scripts/prepare_data.py` for the demo model)")
+    errs += model_path_errors(m.model_path)
     if not (sp.proposer_enable or sp.solver_enable):
         errs.append("--proposer_enable false and --solver_enable false: no role would train")
     if not sp.self_play_enable:

@@ -37,7 +37,7 @@ prepare_launch_env()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from training.config import F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs  # noqa: E402
+from training.config import F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, model_path_errors  # noqa: E402
 
 
 @dataclass
@@ -77,8 +77,7 @@ def validate_sft(cfg: Config, sft: SFTArgs, world_size: int | None = None) -> No
     errs = []
     if not Path(sft.data).exists():
         errs.append(f"--data {sft.data} does not exist; build it with `python -m training.coldstart_data`")
-    if not Path(cfg.model.model_path).exists():
-        errs.append(f"--model_path {cfg.model.model_path} does not exist (run `python scripts/prepare_data.py`)")
+    errs += model_path_errors(cfg.model.model_path)
     if sft.epochs < 1 or sft.batch_size < 1:
         errs.append(f"--epochs and --batch_size must be >= 1 (got {sft.epochs}, {sft.batch_size})")
     bad = [r for r in sft.roles.split(",") if r.strip() not in ("proposer", "solver")]
