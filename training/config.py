@@ -131,6 +131,9 @@ class AlgoArgs:
     update_mode: str = F("combined", "update both roles in one optimizer step, or proposer then solver", choices=("combined", "sequential"))
     ppo_epochs: int = F(1, "passes over each step's rollouts; > 1 reuses them (generation is the costly part of a "
                            "step), and from the second optimizer step on the ratio leaves 1 so clipping acts")
+    drop_flat_solver_groups: bool = F(False, "leave solver groups whose rewards are all equal (all right or all wrong) "
+                                             "out of the loss (DAPO's dynamic sampling, without refilling): their group "
+                                             "advantages are 0, and they only dilute the token-mean normaliser")
     ppo_mini_batches: int = F(1, "optimizer steps per pass: each rank splits its trajectories into this many "
                                  "mini-batches, whole groups kept together (SSP/veRL's ppo_mini_batch_size)")
 

@@ -33,7 +33,7 @@ from utils.logging import RunLogger, fmt_metrics, print0
 
 # Counts summed over ranks (the rest are means): every token count is a global count.
 SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "game/groups", "game/excluded_groups", "game/excluded_trajs",
-            "game/excluded/judge_failed", "game/excluded/search_failed", "search/sim_docs", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
+            "game/excluded/judge_failed", "game/excluded/search_failed", "search/sim_docs", "game/flat_solver_groups", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
             "search/calls", "search/failures", "search/queries")
 
 
@@ -307,6 +307,9 @@ class SSPTrainer:
         roles = self.trained_roles()
         trajs = [t for t in game.trajectories
                  if t.num_sampled > 0 and t.role in roles and not t.info.get("excluded")]
+        if cfg.algorithm.drop_flat_solver_groups:
+            trajs, n_flat = drop_flat_solver_groups(trajs)
+            game_stats.update(self._mean_over_ranks({"game/flat_solver_groups": float(n_flat)}))
 
         with self._timer(times, "logprobs"):
             if cfg.algorithm.old_logprobs == "rollout":  # vLLM's raw log-probs, validated to be the policy's
@@ -487,6 +490,17 @@ class SSPTrainer:
 
 def _all_reduce_tensor(t: torch.Tensor) -> None:
     D.all_reduce_tensor(t, "sum")  # utils.dist puts it on the backend's device (NCCL: CUDA only)
+
+
+def drop_flat_solver_groups(trajs) -> tuple[list, int]:
+    """(trajectories without the solver groups whose rewards are all equal, how many such groups).
+    A solver group lives on one rank, so this needs no collective."""
+    rewards: dict = {}
+    for t in trajs:
+        if t.role == "solver":
+            rewards.setdefault(t.group_id, set()).add(float(t.reward))
+    flat = {g for g, r in rewards.items() if len(r) == 1}
+    return [t for t in trajs if not (t.role == "solver" and t.group_id in flat)], len(flat)
 
 
 def _fault_point(where: str, step: int) -> None:

@@ -43,6 +43,9 @@ MODES = {
     "ppo_epochs": ["--ppo_epochs", "2", "--ppo_mini_batches", "2", "--lr", "1e-3", "--entropy_coef", "0.05"],
     # bf16 weights in both engines: the rollout/actor gap is measured by a forward, not read off itself
     "bf16_rollout_lp": ["--dtype", "bf16", "--old_logprobs", "rollout", "--lr", "1e-3", "--entropy_coef", "0.05"],
+    # DAPO's dynamic sampling without refill: a random tiny model answers nothing right, so every
+    # solver group is flat (all 0) and none reaches the loss
+    "drop_flat": ["--drop_flat_solver_groups", "true"],
     # a judge outage (nothing listens on --judge_url): every judging fails, so every solver group is
     # left out of the loss (half the groups here); tolerated (--max_failed_share 1), or stopped.
     # A random tiny model writes no <answer> (which needs no judge), so in these modes the driver
@@ -163,6 +166,14 @@ def test_each_mode_trains_only_its_roles(runs):
 
 
 @pytest.mark.slow
+def test_flat_solver_groups_are_dropped_on_request(runs):
+    for m in runs["drop_flat"]:
+        assert m["solver/acc"] == 0 and m["game/flat_solver_groups"] == m["game/questions"] > 0, m
+        assert m["train/solver_tokens"] == 0 and m["actor/num_tokens"] == m["train/proposer_tokens"] > 0, m
+    assert all(m["train/solver_tokens"] > 0 for m in runs["full"])   # the same game without the flag
+
+
+@pytest.mark.slow
 def test_failed_judging_is_left_out_and_stops_the_run(runs):
     """A judge outage: every judging fails, so every solver group is left out of the loss (the
     proposers, whose questions were invalid and scored the format penalty without the judge, still
@@ -216,3 +227,15 @@ def test_lr_schedule_optimizer_steps_and_measured_gaps(runs):
     for m in runs["bf16_rollout_lp"]:
         assert 0 < m["actor/rollout_lp_gap"] < 0.1, m["actor/rollout_lp_gap"]
         assert 0 < m["actor/weights_changed_frac"] <= 1
+
+
+def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
+    from types import SimpleNamespace as T
+
+    from training.trainer import drop_flat_solver_groups
+    trajs = [T(role="solver", group_id="a", reward=r) for r in (1.0, 0.0)]      # mixed: kept
+    trajs += [T(role="solver", group_id="b", reward=r) for r in (1.0, 1.0)]     # all right: dropped
+    trajs += [T(role="solver", group_id="c", reward=r) for r in (0.0, 0.0)]     # all wrong: dropped
+    trajs += [T(role="proposer", group_id="b", reward=0.5)]                     # proposers are never dropped
+    kept, n_flat = drop_flat_solver_groups(trajs)
+    assert n_flat == 2 and [(t.role, t.group_id) for t in kept] == [("solver", "a"), ("solver", "a"), ("proposer", "b")]
