@@ -21,6 +21,17 @@ match (no server). Outputs in --out_dir: results.json (protocol + metrics), resu
 (the protocol, then a table per data source and overall), examples.jsonl (one line per
 question), config.json (the flags); a folder that already holds any of them is refused
 unless --overwrite is given. `evaluate()` is the reusable part: the trainer calls it for periodic eval.
+
+Headroom (--samples K --temperature T): RL on a sampled policy mostly turns pass@k into
+pass@1, so the SFT model's pass@K (a question counts if any of K samples is right) against
+its greedy EM bounds what RL can gain. Each question is then rolled out K times, each its
+own multi-turn rollout with its own seed, and every data source gains pass@K, mean@K (the
+accuracy over all samples) and pass@k_unbiased (Chen et al. 2021, k = 1, 2, 4, .., K);
+correct = the judge column. The other metrics become means over all samples, and each
+examples.jsonl line holds its question's K predictions, verdicts, responses as lists.
+
+    python eval.py --model runs/sft/hf --data data/eval/*.jsonl --index data/indexes/bm25 \\
+        --samples 8 --temperature 1.0 --out_dir runs/eval/sft_pass8
 """
 
 from __future__ import annotations
@@ -28,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -58,52 +70,102 @@ class EvalConfig:
     judge: Judge = field(default_factory=Judge)
     """Judge() = exact match only; Judge(url) adds the LLM judge for answers EM misses."""
     batch_size: int = 64
-    """Questions per run_rollouts call (bounds memory; vLLM batches inside a call)."""
+    """Rollouts per run_rollouts call (bounds memory; vLLM batches inside a call): batch_size // samples questions."""
     progress: bool = True
+    samples: int = 1
+    """Rollouts per question. 1 = today's metrics; K > 1 adds pass@K / mean@K and needs temperature > 0."""
+
+    def __post_init__(self) -> None:
+        if self.samples < 1:
+            raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
+        if self.samples > 1 and self.rollout.temperature <= 0:
+            raise ValueError(f"EvalConfig.samples={self.samples} with greedy rollouts (temperature 0) gives K "
+                             "identical answers; set rollout.temperature > 0")
 
 
-def _group_metrics(recs: list[dict]) -> dict:
-    n = len(recs)
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1): 1 - C(n-c,k)/C(n,k),
+    the chance that k of the n samples drawn without replacement hold at least one correct one."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
-    def mean(key: str) -> float:
-        return round(sum(float(r[key]) for r in recs) / n, 4) if n else 0.0
 
+def pass_ks(samples: int) -> list[int]:
+    """The k reported by pass@k_unbiased: 1, 2, 4, .. below K, and K. With n = K samples the estimator at
+    k = 1 is mean@K and at k = K is pass@K; the k between sketch the curve RL climbs."""
+    return sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
+
+
+SAMPLE_FIELDS = ("pred", "em", "f1", "sub_em", "judge_correct", "judge_source", "judge_failed", "turns", "searches",
+                 "stop_reason", "queries", "response")
+
+
+def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:
+    """One rollout's SAMPLE_FIELDS: its answer, scores and verdict."""
     return {
-        "n": n, "em": mean("em"), "f1": mean("f1"), "sub_em": mean("sub_em"), "judge_acc": mean("judge_correct"),
-        "turns_mean": mean("turns"), "searches_mean": mean("searches"),
-        "no_answer_rate": round(sum(r["pred"] is None for r in recs) / n, 4) if n else 0.0,
-        "judge_failed": sum(bool(r["judge_failed"]) for r in recs),
+        "pred": p, "em": exact_match(p, golden), "f1": round(f1_score(p, golden), 4),
+        "sub_em": substring_match(p, golden), "judge_correct": bool(v.correct), "judge_source": v.source,
+        "judge_failed": v.judge_failed, "turns": t.num_turns, "searches": t.num_searches,
+        "stop_reason": t.stop_reason, "queries": t.info.get("queries", []), "response": t.response_text,
     }
 
 
+def _group_metrics(recs: list[dict], samples: int = 1) -> dict:
+    """Means over questions; with samples K > 1 each per-sample field is a list of K, and the means run
+    over all n*K samples, plus pass@K, mean@K and pass@k_unbiased from the judge verdicts."""
+    n = len(recs)
+    flat = recs if samples == 1 else [{key: r[key][j] for key in SAMPLE_FIELDS} for r in recs for j in range(samples)]
+    m = len(flat)
+
+    def mean(key: str) -> float:
+        return round(sum(float(r[key]) for r in flat) / m, 4) if m else 0.0
+
+    out = {
+        "n": n, "em": mean("em"), "f1": mean("f1"), "sub_em": mean("sub_em"), "judge_acc": mean("judge_correct"),
+        "turns_mean": mean("turns"), "searches_mean": mean("searches"),
+        "no_answer_rate": round(sum(r["pred"] is None for r in flat) / m, 4) if m else 0.0,
+        "judge_failed": sum(bool(r["judge_failed"]) for r in flat),
+    }
+    if samples > 1:
+        correct = [sum(map(bool, r["judge_correct"])) for r in recs]
+        out[f"pass@{samples}"] = round(sum(c > 0 for c in correct) / n, 4) if n else 0.0
+        out[f"mean@{samples}"] = out["judge_acc"]
+        out["pass@k_unbiased"] = {str(k): round(sum(pass_at_k(samples, c, k) for c in correct) / n, 4) if n else 0.0
+                                  for k in pass_ks(samples)}
+    return out
+
+
 def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
-    """Roll out the solver once per row; returns {"overall", "per_source", "examples"}.
+    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
 
     overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,
-    no_answer_rate, judge_failed. examples: one dict per row, in order.
+    no_answer_rate, judge_failed (+ pass@K, mean@K, pass@k_unbiased when K > 1). examples:
+    one dict per row, in order; with K > 1 its SAMPLE_FIELDS are lists of K, in sample order.
     """
+    K = cfg.samples
     examples: list[dict] = []
-    chunks = [rows[i: i + cfg.batch_size] for i in range(0, len(rows), cfg.batch_size)]
+    per_chunk = max(1, cfg.batch_size // K)
+    chunks = [rows[i: i + per_chunk] for i in range(0, len(rows), per_chunk)]
     bar = None
     if cfg.progress:
         from tqdm import tqdm
-        bar = tqdm(total=len(rows), desc="eval", unit="q")
+        bar = tqdm(total=len(rows), desc="eval" if K == 1 else f"eval ({K} samples/q)", unit="q")
     for chunk in chunks:
         prompt = build_self_search_prompt if cfg.rollout.self_search else build_solver_prompt
+        # K copies of each question, side by side: run_rollouts seeds trajectory i with (seed, i, turn),
+        # so every sample of a question draws with its own seed, and each runs its own search loop.
         reqs = [RolloutRequest("solver", f"eval-{r.id}", prompt(engine.tokenizer, r.question, cfg.template),
-                               question=r.question, answer=r.golden_answers) for r in chunk]
+                               question=r.question, answer=r.golden_answers) for r in chunk for _ in range(K)]
         trajs = run_rollouts(engine, reqs, search_fn, cfg.rollout)
         preds = [extract_answer(t.response_text) for t in trajs]
-        verdicts = cfg.judge.judge_many([JudgeItem(r.question, r.golden_answers, p) for r, p in zip(chunk, preds)])
-        for r, t, p, v in zip(chunk, trajs, preds, verdicts):
-            examples.append({
-                "id": r.id, "data_source": r.data_source, "question": r.question, "golden_answers": r.golden_answers,
-                "pred": p, "em": exact_match(p, r.golden_answers), "f1": round(f1_score(p, r.golden_answers), 4),
-                "sub_em": substring_match(p, r.golden_answers), "judge_correct": bool(v.correct),
-                "judge_source": v.source, "judge_failed": v.judge_failed, "turns": t.num_turns,
-                "searches": t.num_searches, "stop_reason": t.stop_reason, "queries": t.info.get("queries", []),
-                "response": t.response_text,
-            })
+        verdicts = cfg.judge.judge_many([JudgeItem(q.question, q.answer, p) for q, p in zip(reqs, preds)])
+        recs = [_sample_record(q.answer, t, p, v) for q, t, p, v in zip(reqs, trajs, preds, verdicts)]
+        for i, r in enumerate(chunk):
+            mine = recs[i * K: (i + 1) * K]
+            fields = mine[0] if K == 1 else {key: [s[key] for s in mine] for key in SAMPLE_FIELDS}
+            examples.append({"id": r.id, "data_source": r.data_source, "question": r.question,
+                             "golden_answers": r.golden_answers, **fields})
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
@@ -112,9 +174,10 @@ def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, c
     for e in examples:
         by_src[e["data_source"]].append(e)
     return {
-        "overall": _group_metrics(examples),
-        "per_source": {src: _group_metrics(recs) for src, recs in sorted(by_src.items())},
+        "overall": _group_metrics(examples, K),
+        "per_source": {src: _group_metrics(recs, K) for src, recs in sorted(by_src.items())},
         "examples": examples,
+        "samples": K,
     }
 
 
@@ -125,12 +188,22 @@ def protocol_lines(protocol: dict) -> list[str]:
 
 
 def markdown_report(protocol: dict, result: dict) -> str:
-    head = "| data_source | n | EM | F1 | sub-EM | judge acc | turns | searches | no answer |"
-    rows = ["|---|---|---|---|---|---|---|---|---|"]
+    K = result.get("samples", 1)
+    extra_head, note = "", []
+    if K > 1:
+        ks = "/".join(result["overall"]["pass@k_unbiased"])
+        extra_head = f" pass@{K} | mean@{K} | pass@k unbiased (k={ks}) |"
+        note = [f"{K} samples per question; pass@{K} = any sample correct (judge column), mean@{K} = accuracy "
+                "over all samples; EM .. no answer are means over all samples.", ""]
+    head = f"| data_source | n |{extra_head} EM | F1 | sub-EM | judge acc | turns | searches | no answer |"
+    rows = ["|---|---|" + "---|" * (3 * (K > 1)) + "---|---|---|---|---|---|---|"]
     for name, m in list(result["per_source"].items()) + [("**overall**", result["overall"])]:
-        rows.append(f"| {name} | {m['n']} | {m['em']:.3f} | {m['f1']:.3f} | {m['sub_em']:.3f} | {m['judge_acc']:.3f} "
+        extra = "" if K == 1 else (f" {m[f'pass@{K}']:.3f} | {m[f'mean@{K}']:.3f} | "
+                                   + "/".join(f"{v:.3f}" for v in m["pass@k_unbiased"].values()) + " |")
+        rows.append(f"| {name} | {m['n']} |{extra} {m['em']:.3f} | {m['f1']:.3f} | {m['sub_em']:.3f} | {m['judge_acc']:.3f} "
                     f"| {m['turns_mean']:.2f} | {m['searches_mean']:.2f} | {m['no_answer_rate']:.3f} |")
-    return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), "", "## Results", "", head, *rows, ""])
+    return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), "", "## Results", "", *note,
+                      head, *rows, ""])
 
 
 def write_outputs(out_dir: Path, protocol: dict, result: dict) -> None:
@@ -178,7 +251,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max_info_tokens", type=int, default=512, help="token cap of one <information> block")
     p.add_argument("--template", default="auto", choices=list(TEMPLATES), help="prompt chat template (inference/prompts.py)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--batch_size", type=int, default=64, help="questions per rollout batch")
+    p.add_argument("--samples", type=int, default=1, help="rollouts per question (needs --temperature > 0 when > 1); "
+                   "K > 1 reports pass@K and mean@K: RL mostly turns pass@k into pass@1, so the gap between pass@K "
+                   "and greedy EM is the headroom RL can harvest")
+    p.add_argument("--batch_size", type=int, default=64, help="rollouts per batch (questions x --samples)")
     # judge
     p.add_argument("--judge_url", default=None, help="OpenAI-compatible judge server; without it the judge is exact match")
     p.add_argument("--judge_model", default=None, help="served judge model name (default: the server's first model)")
@@ -201,6 +277,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"config.json); pass --overwrite to replace them, or pick another --out_dir")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be >= 1, got {a.limit}")
+    if a.samples < 1:
+        p.error(f"--samples must be >= 1, got {a.samples}")
+    if a.samples > 1 and a.temperature <= 0:
+        p.error(f"--samples {a.samples} needs --temperature > 0: greedy decoding (--temperature {a.temperature:g}) "
+                "gives the same answer every time, so pass@K would equal greedy EM")
     if a.max_total_tokens > a.max_model_len and a.engine == "vllm":
         p.error(f"--max_total_tokens {a.max_total_tokens} exceeds --max_model_len {a.max_model_len}; raise the latter")
     return a
@@ -263,14 +344,15 @@ def main(argv: list[str] | None = None) -> int:
         "token_caps": f"{a.max_tokens_per_turn}/turn, {a.max_info_tokens}/information block, {a.max_total_tokens} total",
         "template": a.template,
         "judge": judge.describe(),
-        "sampling": "greedy (temperature 0)" if a.temperature == 0 else f"temperature {a.temperature}, seed {a.seed}",
+        "sampling": ("greedy (temperature 0)" if a.temperature == 0 else f"temperature {a.temperature}, seed {a.seed}"
+                     + (f", {a.samples} samples per question" if a.samples > 1 else "")),
         "examples": f"{len(rows)} from {', '.join(a.data)}" + (f" (first {a.limit} of each)" if a.limit else ""),
     }
     print("Evaluation protocol:\n" + "\n".join(protocol_lines(protocol)), flush=True)
 
     t0 = time.time()
     result = evaluate(engine, rows, search_fn, EvalConfig(rollout=rollout, template=a.template, judge=judge,
-                                                          batch_size=a.batch_size, progress=True))
+                                                          batch_size=a.batch_size, progress=True, samples=a.samples))
     protocol["eval_seconds"] = round(time.time() - t0, 1)
     out_dir = Path(a.out_dir)
     write_outputs(out_dir, protocol, result)

@@ -110,7 +110,10 @@ def test_cli_refuses_bad_flags(tmp_path, capsys):
                        (["--sim_url", "http://x"], "--simulated, which is not set"),
                        (["--limit", "0"], "--limit must be >= 1"),
                        (["--index", str(tmp_path / "nope")], "is not a built index"),
-                       (["--max_total_tokens", "9000"], "exceeds --max_model_len")):
+                       (["--max_total_tokens", "9000"], "exceeds --max_model_len"),
+                       (["--samples", "0"], "--samples must be >= 1"),
+                       (["--samples", "3"], "--samples 3 needs --temperature > 0"),
+                       (["--samples", "3", "--temperature", "0"], "greedy decoding (--temperature 0)")):
         with pytest.raises(SystemExit):
             eval_cli.parse_args(base + extra)
         assert msg in capsys.readouterr().err
@@ -138,3 +141,166 @@ def test_cli_refuses_to_replace_an_earlier_eval(tmp_path, capsys):
     with pytest.raises(SystemExit):
         eval_cli.parse_args(["--model", "m", "--data", "d.jsonl", "--out_dir", str(tmp_path / "f")])
     assert "is a file" in capsys.readouterr().err
+
+
+# ---- --samples K: pass@K headroom -------------------------------------------------------------
+
+def test_pass_at_k_by_hand_and_by_enumeration():
+    """Chen et al.'s 1 - C(n-c,k)/C(n,k) against hand-computed values, then against its definition: the
+    fraction of the k-subsets of the n samples that hold a correct one."""
+    import itertools
+    import random
+
+    from eval import pass_at_k, pass_ks
+
+    assert pass_at_k(5, 2, 1) == pytest.approx(0.4)                 # c/n
+    assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)           # C(3,2)/C(5,2)
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)                  # C(3,2)/C(4,2) = 3/6
+    assert pass_at_k(8, 1, 4) == pytest.approx(0.5)                  # C(7,4)/C(8,4) = 35/70
+    assert pass_at_k(5, 2, 4) == 1.0 and pass_at_k(5, 0, 5) == 0.0 and pass_at_k(3, 3, 1) == 1.0
+    rng = random.Random(0)
+    for _ in range(30):
+        n = rng.randint(1, 7)
+        flags = [rng.random() < 0.3 for _ in range(n)]
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(flags, k))
+            assert pass_at_k(n, sum(flags), k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+    with pytest.raises(ValueError):
+        pass_at_k(3, 4, 1)
+    assert pass_ks(1) == [1] and pass_ks(3) == [1, 2, 3] and pass_ks(8) == [1, 2, 4, 8] and pass_ks(10) == [1, 2, 4, 8, 10]
+
+
+def test_group_metrics_pass_and_mean_by_hand():
+    """Three questions, K = 4, correct 0/4, 1/4 and 3/4: pass@4 = 2/3, mean@4 = 4/12; the other metrics
+    run over all 12 samples."""
+    from eval import SAMPLE_FIELDS, _group_metrics
+
+    def q(correct: list[bool]) -> dict:
+        rec = {key: [None] * 4 for key in SAMPLE_FIELDS}
+        rec.update(em=[float(c) for c in correct], f1=[float(c) for c in correct], sub_em=[float(c) for c in correct],
+                   judge_correct=correct, judge_failed=[False] * 4, turns=[1, 2, 1, 2], searches=[0, 1, 0, 1],
+                   pred=["x" if c else None for c in correct])
+        return rec
+
+    m = _group_metrics([q([False] * 4), q([False, True, False, False]), q([True, True, False, True])], 4)
+    assert m["n"] == 3 and m["pass@4"] == pytest.approx(2 / 3, abs=1e-4) and m["mean@4"] == pytest.approx(4 / 12, abs=1e-4)
+    assert m["em"] == m["judge_acc"] == m["mean@4"] and m["turns_mean"] == 1.5 and m["searches_mean"] == 0.5
+    assert m["no_answer_rate"] == pytest.approx(8 / 12, abs=1e-4)
+    # k = 1: c/4 averaged; k = 2: 1 - C(4-c,2)/6 = 0, 1/2, 1 -> 1/2; k = 4: pass@4
+    assert m["pass@k_unbiased"] == {"1": m["mean@4"], "2": 0.5, "4": m["pass@4"]}
+
+
+def test_evaluate_config_refuses_greedy_samples():
+    from eval import EvalConfig
+    from inference.rollout import RolloutConfig
+
+    with pytest.raises(ValueError, match="temperature"):
+        EvalConfig(samples=3)
+    with pytest.raises(ValueError, match="samples must be >= 1"):
+        EvalConfig(rollout=RolloutConfig(temperature=1.0), samples=0)
+
+
+@pytest.mark.timeout(300)
+def test_cli_samples_pass_at_k_hf_engine(tiny_model_dir, tmp_path, capsys):
+    """--samples 3 --temperature 1 on a random model: one examples line per question holding 3 samples, each
+    drawn with its own seed (so they differ), pass@3 / mean@3 in results.json and results.md; the same seed
+    reproduces the run. The random model's answers are never right, so the metrics are 0, but consistent."""
+    import eval as eval_cli
+    from inference import engines
+
+    seeds: list[int | None] = []
+    real = engines.HFEngine.generate
+
+    def spy(self, prompts, sampling):
+        seeds.extend(s.seed for s in engines.per_prompt_sampling(sampling, len(prompts)))
+        return real(self, prompts, sampling)
+
+    args = ["--model", str(tiny_model_dir), "--engine", "hf", "--data", EVAL_SETS[0], "--limit", "2", "--max_turns", "2",
+            "--max_tokens_per_turn", "12", "--samples", "3", "--temperature", "1.0", "--seed", "7"]
+    engines.HFEngine.generate = spy
+    try:
+        assert eval_cli.main(args + ["--out_dir", str(tmp_path / "a")]) == 0
+    finally:
+        engines.HFEngine.generate = real
+    assert "eval (3 samples/q)" in capsys.readouterr().err
+    first_turn = seeds[:6]                                  # 2 questions x 3 samples, turn 0
+    assert None not in first_turn and len(set(first_turn)) == 6
+    res = json.loads((tmp_path / "a/results.json").read_text())
+    assert res["protocol"]["sampling"] == "temperature 1.0, seed 7, 3 samples per question"
+    for m in [res["overall"], *res["per_source"].values()]:
+        assert 0.0 <= m["mean@3"] <= m["pass@3"] <= 1.0 and m["mean@3"] == m["judge_acc"]
+        assert set(m["pass@k_unbiased"]) == {"1", "2", "3"} and m["pass@k_unbiased"]["3"] == m["pass@3"]
+    examples = [json.loads(line) for line in (tmp_path / "a/examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 2 and res["overall"]["n"] == 2
+    for e in examples:
+        assert len(e["pred"]) == len(e["judge_correct"]) == len(e["response"]) == len(e["turns"]) == 3
+        assert len(set(e["response"])) == 3                  # three draws, not one answer copied
+    correct = [c for e in examples for c in e["judge_correct"]]
+    assert res["overall"]["mean@3"] == pytest.approx(sum(correct) / 6, abs=1e-4)
+    assert res["overall"]["pass@3"] == pytest.approx(sum(any(e["judge_correct"]) for e in examples) / 2)
+    md = (tmp_path / "a/results.md").read_text()
+    assert "| pass@3 | mean@3 | pass@k unbiased (k=1/2/3) |" in md and "3 samples per question" in md
+    assert eval_cli.main(args + ["--out_dir", str(tmp_path / "b")]) == 0
+    again = [json.loads(line) for line in (tmp_path / "b/examples.jsonl").read_text().splitlines()]
+    assert [e["response"] for e in again] == [e["response"] for e in examples]
+
+
+def test_evaluate_samples_run_their_own_search_loops(tiny_model_dir):
+    """Every sample is its own multi-turn rollout: a search backend sees each sample's queries, and one
+    sample's documents never land in another's sequence. A stub engine searches on turn 0, then answers."""
+    from eval import EvalConfig, evaluate
+    from inference.data import EvalRow
+    from inference.engines import GenOutput
+    from inference.rollout import RolloutConfig
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    class Stub:
+        tokenizer = tok
+
+        def generate(self, prompts, samplings):
+            outs = []
+            for p, s in zip(prompts, samplings):
+                read_docs = tok.decode(p).endswith("</information>\n\n")   # the prompt itself names the tag
+                text = "<answer>Paris</answer>" if read_docs else f"<search>q{s.seed}</search>"
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                outs.append(GenOutput(ids, [0.0] * len(ids), text, "stop"))
+            return outs
+
+    asked: list[str] = []
+
+    def search(queries, topk):
+        asked.extend(queries)
+        return [[{"id": q, "contents": f"doc for {q}"}] for q in queries]
+
+    rows = [EvalRow("What is the capital of France?", ["Paris"], "a", "1"),
+            EvalRow("Who wrote Hamlet?", ["Shakespeare"], "a", "2")]
+    cfg = EvalConfig(rollout=RolloutConfig(max_turns=2, max_tokens_per_turn=8, temperature=1.0, seed=3),
+                     samples=4, batch_size=5, progress=False)   # 5 // 4 = one question per rollout call
+    res = evaluate(Stub(), rows, search, cfg)
+    assert len(asked) == 8 and len(set(asked[:4])) == 4     # 2 questions x 4 samples, distinct seeds per question
+    for e in res["examples"]:
+        assert e["searches"] == [1] * 4 and e["turns"] == [2] * 4 and len(set(map(tuple, e["queries"]))) == 4
+        for (q,), resp in zip(e["queries"], e["response"]):
+            assert resp.count("doc for") == 1 and f"doc for {q}" in resp
+    assert e["pred"] == ["Paris"] * 4 and res["examples"][0]["judge_correct"] == [True] * 4
+    assert res["overall"]["pass@4"] == 0.5 and res["overall"]["mean@4"] == 0.5
+    assert res["per_source"]["a"]["pass@k_unbiased"] == {"1": 0.5, "2": 0.5, "4": 0.5}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_cli_samples_vllm_draws_differ(tiny_model_dir, tmp_path):
+    """The vLLM path: per-request seeds reach vLLM, so the 3 samples of a question are 3 different draws."""
+    out = tmp_path / "ev"
+    cmd = [sys.executable, "eval.py", "--model", str(tiny_model_dir), "--data", EVAL_SETS[0], "--limit", "2",
+           "--max_turns", "1", "--max_tokens_per_turn", "12", "--max_total_tokens", "1024", "--max_model_len", "1024",
+           "--samples", "3", "--temperature", "1.0", "--out_dir", str(out)]
+    env = dict(os.environ, OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0", PYTHONPATH=str(REPO))
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    examples = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+    assert len(examples) == 2 and all(len(set(e["response"])) == 3 for e in examples)
+    m = json.loads((out / "results.json").read_text())["overall"]
+    assert 0.0 <= m["mean@3"] <= m["pass@3"] <= 1.0
