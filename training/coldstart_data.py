@@ -23,9 +23,19 @@ Sources:
                          rescue a miss: a 2-search demo that also teaches retrying)
   solver   fanoutqa_sub  FanOutQA dev sub-questions (scalar answers) whose top-level question has
                          no row in the eval sets, kept only when the answer is in the retrieved docs
-  proposer wiki_desc     search the answer (its article must come back), search its description
-                         (the article must come back again: the question leads to the answer), write
-                         the question. Articles are not shared between the two roles.
+  proposer wiki_extract  n searches, n drawn from [--min_searches, --max_turns - 1] (the RL game's
+                         range, inference.data.clamp_search_turns): search the answer (its article must
+                         come back), take n - 1 clues from sentences of that retrieved article (the
+                         subject masked: "Betelgeuse is a red supergiant star ..." gives "a red
+                         supergiant star ..."), search each clue (the article must come back: the
+                         question leads to the answer), write "What is the name of <clue 1> that
+                         <clue 2> ...?". Every word of the question is in the demo's own information
+                         blocks, so imitating it needs the searches, not recall. Each question must
+                         pass the RL game's cheap filter (inference/filters.py, with the trainer's
+                         defaults); what fails is dropped and counted. Articles are not shared
+                         between the two roles.
+
+Every dropped candidate is counted by (role, source, reason); the counts are printed at the end.
 
 Leak check: nothing of the eval sets may be trained on. Candidates are filtered up front, and the
 final set goes through check_no_leak, which raises LeakError on any overlap (see its docstring).
@@ -34,6 +44,7 @@ final set goes through check_no_leak, which raises LeakError on any overlap (see
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import random
@@ -45,13 +56,20 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
-from utils.text import as_answer_list, normalize_answer
+from inference.filters import FilterConfig, check_question
+from training.config import RolloutArgs, SelfPlayArgs
+from utils.text import as_answer_list, contains_answer, normalize_answer
 
 TOPK = 3
 BATCH = 128            # queries per retriever call
 MIN_PHRASE_WORDS = 3   # containment check: eval questions this long or longer (normalised words)
 SEARCH_DONE_TAIL = "</search>"
 RETRY_THINK = "<think> No document fits; try fewer words. </think>\n"
+PROPOSER_SOURCE = "wiki_extract"
+# The RL game's search range: a question needs >= min_searches distinct searches, and a rollout of
+# max_turns turns has room for max_turns - 1 searches before the question (clamp_search_turns).
+RL_MIN_SEARCHES, RL_MAX_TURNS = SelfPlayArgs.min_searches, RolloutArgs.max_turns
+MAX_CLUE_WORDS = 16    # a longer clue is cut at its first clause break, or skipped: short questions for a 135M model
 _STOP = set("a an the of in on at by for and or to from with as is was are were that which who whom whose "
             "what when where why how its their his her this these those be been".split())
 
@@ -221,6 +239,95 @@ def fanout_candidates(dev: list[dict], eval_ids: set[str], dropped: Counter) -> 
     return out
 
 
+# ------------------------------------------------------------------ proposer clues
+_ABBREV = re.compile(r"(?:\b[A-Z]|\b(?:St|Mr|Mrs|Ms|Dr|Jr|Sr|Prof|Gen|Col|Lt|Mt|Ft|No|vs|etc|ca|c|approx))\.$")
+_COPULA = re.compile(r"^(?P<subj>\S.*?)\s(?:is|was|are|were)\s(?P<pred>\S.*)$")
+# "It is believed that ...": the "It" of such a sentence is not the answer
+_EXPLETIVE = re.compile(r"^(?:is|was|are|were|has been|had been|seems|appears)(?: \w+)? that\b")
+
+
+def sentences(text: str) -> list[str]:
+    """Sentences of an article's text, parentheticals dropped ("(born 1950)", "(ATP)"; not the
+    "(OH)" of "Al2Si2O5(OH)4"). A period after an initial or a common abbreviation ("H. P.
+    Lovecraft", "St. Louis") ends nothing."""
+    out, start = [], 0
+    for m in re.finditer(r"[.!?](?=\s+[A-Z\"'])", text):
+        if not _ABBREV.search(text[start:m.end()]):
+            out.append(text[start:m.end()])
+            start = m.end()
+    out.append(text[start:])
+    cleaned = []
+    for s in out:
+        while (t := re.sub(r"(?:^|\s+)[(\[][^()\[\]]*[)\]]", "", s)) != s:
+            s = t
+        s = re.sub(r"\s+([,;:.!?])", r"\1", " ".join(s.split()))
+        if s:
+            cleaned.append(s)
+    return cleaned
+
+
+def _clue(pred: str, answers: list[str]) -> str | None:
+    """A predicate as a clue: the final stop gone, cut at a semicolon ("a chemical element; it has
+    symbol Er ..." reads badly once joined to a second clue) and, when longer than MAX_CLUE_WORDS,
+    at the first clause break, then before a relative clause ("a French-born American industrial
+    designer who achieved fame ..."); None if still too long, a single word, or it names the answer."""
+    pred = pred.split(";")[0].strip().rstrip(".!?").strip()
+    for brk in (r",\s|:\s|\s[–—-]\s", r"\s(?=(?:who|whose|which|that|where|when)\s)"):
+        if len(pred.split()) > MAX_CLUE_WORDS:
+            pred = re.split(brk, pred, maxsplit=1)[0].strip()
+    ok = 2 <= len(pred.split()) <= MAX_CLUE_WORDS and not contains_answer(pred, answers)
+    return pred if ok else None
+
+
+def article_clues(text: str, name: str, answers: list[str]) -> list[str]:
+    """Clues about the answer, in article order, read off its article's text (title line removed).
+
+    The first is the predicate of the first sentence ("Betelgeuse is a red supergiant star in the
+    equatorial constellation of Orion." -> "a red supergiant star in the equatorial constellation
+    of Orion"); it is [] when that sentence has no short subject and copula. Later ones are the
+    predicates of sentences whose subject is the answer: a pronoun, the name, "The <name>", or the
+    name's last word, for a person's surname ("It has been contested at ..." -> "has been contested
+    at ...", "Kelly sought to ..." -> "sought to ...")."""
+    sents = sentences(text)
+    m = _COPULA.match(sents[0]) if sents else None
+    first = _clue(m.group("pred"), answers) if m and len(m.group("subj").split()) <= 12 else None
+    if first is None:
+        return []
+    words = name.split()
+    subjects = sorted({"It", "He", "She", "They", name, f"The {name}"} | ({words[-1]} if len(words) > 1 else set()),
+                      key=len, reverse=True)
+    out = [first]
+    for s in sents[1:]:
+        sub = next((x for x in subjects if s.startswith(x + " ")), None)
+        pred = s[len(sub) + 1:] if sub is not None else ""
+        if pred[:1].islower() and not _EXPLETIVE.match(pred) and (c := _clue(pred, answers)):
+            out.append(c)
+    return out
+
+
+def compose_question(clues: list[str]) -> str:
+    """"What is the name of <clue 1>?", later clues joined as "that <clue 2>, <clue 3> and <clue 4>"
+    ("and <clue 2>, ..." when clue 1 has a relative clause already: "a procedure that removes ...")."""
+    q = f"What is the name of {clues[0]}"
+    if len(clues) > 1:
+        rest = clues[1:]
+        joint = " and " if re.search(r"\b(that|which|who|whose)\b", clues[0]) else " that "
+        q += joint + (rest[0] if len(rest) == 1 else ", ".join(rest[:-1]) + " and " + rest[-1])
+    return q + "?"
+
+
+def clue_query(clue: str) -> str:
+    """The clue as the question spells it, minus a leading article: a query copied from the question."""
+    return re.sub(r"^(a|an|the)\s+", "", clue, flags=re.IGNORECASE)
+
+
+def rl_filter_config(min_searches: int = RL_MIN_SEARCHES) -> FilterConfig:
+    """The cheap question filter exactly as the trainer builds it: GameConfig's defaults and --min_searches."""
+    from inference.game import GameConfig
+
+    return GameConfig(min_searches=min_searches).filter_config()
+
+
 # ------------------------------------------------------------------ demos
 def _norm_pad(s: str) -> str:
     return f" {normalize_answer(s)} "
@@ -285,6 +392,7 @@ def solver_demo(question: str, answers: list[str], source: str, searches: list[t
 
 
 def proposer_demo(answer: str, question: str, source: str, searches: list[tuple[str, list[dict]]], k: int) -> dict:
+    """k: the 1-based number of the answer's article in the last search's docs."""
     turns = []
     for q, docs in searches:
         turns.append(_search_turn(q))
@@ -351,19 +459,39 @@ def _solver_batch(retriever, cands, source, first_query, topk, stats):
     return demos
 
 
-def _proposer_batch(retriever, cands, topk, stats):
-    r1 = _search_all(retriever, [c["name"] for c in cands], topk)
-    r2 = _search_all(retriever, [c["desc"] for c in cands], topk)
+def _proposer_batch(retriever, cands, topk, stats, n, fcfg):
+    """n-search proposer demos for one batch of candidates (two retriever calls): search the answers,
+    read each one's clues off its retrieved article, search the clues, keep what passes the RL filter."""
+    def drop(why: str) -> None:
+        stats[("proposer", PROPOSER_SOURCE, why)] += 1
+
+    plans, need = [], max(1, n - 1)  # n = 1: one clue, nothing to search it with
+    for c, d1 in zip(cands, _search_all(retriever, [c["name"] for c in cands], topk)):
+        titles = [_title(d) for d in d1]
+        if c["title"] not in titles:
+            drop("answer_not_retrieved")
+            continue
+        text = str(d1[titles.index(c["title"])]["contents"]).partition("\n")[2]
+        clues = article_clues(text, c["name"], c["answers"])[:need]
+        if len(clues) < need:
+            drop("too_few_clue_sentences" if clues else "first_sentence_unusable")
+            continue
+        plans.append((c, d1, clues))
+    queries = [clue_query(cl) for _, _, clues in plans for cl in clues[:n - 1]]
+    found = iter(_search_all(retriever, queries, topk))
     demos = []
-    for c, d1, d2 in zip(cands, r1, r2):
-        titles1, titles2 = [_title(d) for d in d1], [_title(d) for d in d2]
-        if c["title"] not in titles1:
-            stats[("proposer", "wiki_desc", "article not found by searching the answer")] += 1
-        elif c["title"] not in titles2:
-            stats[("proposer", "wiki_desc", "description search does not lead back to the article")] += 1
-        else:
-            demos.append(proposer_demo(c["name"], c["question"], "wiki_desc",
-                                       [(c["name"], d1), (c["desc"], d2)], titles2.index(c["title"]) + 1))
+    for c, d1, clues in plans:
+        searches = [(c["name"], d1)] + [(clue_query(cl), next(found)) for cl in clues[:n - 1]]
+        if any(c["title"] not in [_title(d) for d in docs] for _, docs in searches[1:]):
+            drop("clue_search_misses_answer")
+            continue
+        question = compose_question(clues)
+        why = check_question(question, c["answers"], [q for q, _ in searches], [d for _, d in searches], n, fcfg)
+        if why:
+            drop(f"filter:{why}")
+            continue
+        k = [_title(d) for d in searches[-1][1]].index(c["title"]) + 1
+        demos.append(proposer_demo(c["name"], question, PROPOSER_SOURCE, searches, k))
     return demos
 
 
@@ -393,8 +521,18 @@ def _take(cands, want, make, idx, stats, role, source, seen, key):
 
 
 def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: list[Any], solver_n: int,
-                proposer_n: int, seed: int = 0, topk: int = TOPK) -> tuple[list[dict], Counter]:
-    """Solver and proposer demos, shuffled together; and a Counter of (role, source, reason) drops."""
+                proposer_n: int, seed: int = 0, topk: int = TOPK, min_searches: int = RL_MIN_SEARCHES,
+                max_turns: int = RL_MAX_TURNS) -> tuple[list[dict], Counter]:
+    """Solver and proposer demos, shuffled together; and a Counter of (role, source, reason) drops.
+
+    Proposer demos search n times, an equal share for each n in [min_searches, max_turns - 1] (the
+    RL trainer's flags of the same names; the defaults are its defaults), and each question passes
+    the trainer's filter with n searches required (searches_at_least_n: stricter than the default).
+    """
+    if not 1 <= min_searches <= max_turns - 1:
+        raise ValueError(f"need 1 <= min_searches <= max_turns - 1 (room for the searches before the question); "
+                         f"got min_searches={min_searches}, max_turns={max_turns}")
+    fcfg = dataclasses.replace(rl_filter_config(min_searches), searches_at_least_n=True)
     idx = EvalIndex(eval_rows)
     stats: Counter = Counter()
     rng = random.Random(seed)
@@ -424,8 +562,15 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
                        lambda b: _solver_batch(retriever, b, "wiki_desc", lambda c: c["desc"], topk, stats),
                        idx, stats, "solver", "wiki_desc", seen_q, qkey)
     # The proposer gets the articles the solver never looked at, so the two roles teach different facts.
-    prop, _ = _take(wiki_c[used:], proposer_n, lambda b: _proposer_batch(retriever, b, topk, stats),
-                    idx, stats, "proposer", "wiki_desc", set(), lambda d: normalize_answer(d["answer"]))
+    # An equal share per n, as prepare_data draws the RL rows' n uniformly: a per-candidate draw
+    # would tilt the set to small n, whose articles more often hold enough clue sentences.
+    prop, rest, seen_a = [], wiki_c[used:], set()
+    ns = range(min_searches, max_turns)
+    for i, n in enumerate(ns):
+        want = proposer_n // len(ns) + (i < proposer_n % len(ns))
+        got, used_n = _take(rest, want, lambda b, n=n: _proposer_batch(retriever, b, topk, stats, n, fcfg), idx,
+                            stats, "proposer", PROPOSER_SOURCE, seen_a, lambda d: normalize_answer(d["answer"]))
+        prop, rest = prop + got, rest[used_n:]
     demos = fan + wsol + prop
     rng.shuffle(demos)
     return demos, stats
@@ -464,6 +609,11 @@ def summary_lines(demos: list[dict], stats: Counter, want: dict[str, int]) -> li
     lines += [f"  {r:8s} {s:13s} {n}" for (r, s), n in sorted(made.items())]
     two = sum(1 for d in demos if d["role"] == "solver" and sum(t["kind"] == "info" for t in d["turns"]) == 2)
     lines.append(f"  solver demos with a second (shorter) query: {two}")
+    props = [d for d in demos if d["role"] == "proposer"]
+    if props:
+        words = sorted(len(d["question"].split()) for d in props)
+        lines.append(f"  proposer searches n: {dict(sorted(Counter(d['n_searches'] for d in props).items()))}; "
+                     f"question words min/median/max {words[0]}/{words[len(words) // 2]}/{words[-1]}")
     lines.append("dropped:")
     lines += [f"  {r:8s} {s:13s} {n:6d}  {why}" for (r, s, why), n in sorted(stats.items())]
     return lines
@@ -496,6 +646,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proposer_n", type=int, default=800, help="proposer demos to write")
     p.add_argument("--seed", type=int, default=0, help="seed for the candidate draw and the output order")
     p.add_argument("--topk", type=int, default=TOPK, help="docs per search (3 = the rollout default)")
+    p.add_argument("--min_searches", type=int, default=RL_MIN_SEARCHES,
+                   help="proposer demos search n >= this many times; keep it the RL run's --min_searches")
+    p.add_argument("--max_turns", type=int, default=RL_MAX_TURNS,
+                   help="proposer demos search n <= max_turns - 1 times; keep it the RL run's --max_turns")
     # inputs and output
     p.add_argument("--index", type=Path, default=data / "indexes" / "bm25", help="retriever index folder (BM25 or dense)")
     p.add_argument("--eval", type=Path, nargs="+", default=None,
@@ -516,6 +670,9 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.solver_n < 0 or a.proposer_n < 0 or a.topk < 1:
         p.error(f"--solver_n/--proposer_n must be >= 0 and --topk >= 1; got {a.solver_n}/{a.proposer_n}/{a.topk}")
+    if not 1 <= a.min_searches <= a.max_turns - 1:
+        p.error(f"need 1 <= --min_searches <= --max_turns - 1 (room for the searches before the question); "
+                f"got {a.min_searches}, {a.max_turns}")
 
     eval_paths = a.eval if a.eval is not None else sorted((data / "eval").glob("*.jsonl"))
     if not eval_paths:
@@ -548,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         names += f", {a.heldout_out.name}"
         print(f"held-out eval set: {len(held)} description questions -> {a.heldout_out}")
     dev = json.loads((a.fanoutqa or assets.fanoutqa_dev()).read_text())
-    demos, stats = build_demos(retriever, wiki, dev, eval_rows, a.solver_n, a.proposer_n, a.seed, a.topk)
+    demos, stats = build_demos(retriever, wiki, dev, eval_rows, a.solver_n, a.proposer_n, a.seed, a.topk,
+                               a.min_searches, a.max_turns)
     for d in demos:
         validate_demo(d)
     report = check_no_leak(demos, eval_rows)  # the up-front filter should make this a formality; it is the guard

@@ -1,5 +1,7 @@
 """Cold-start SFT data: the leak check refuses overlapping sets, and the builder writes
-well-formed demos for both roles from a real (tiny) BM25 index over real wiki summaries."""
+well-formed demos for both roles from a real (tiny) BM25 index over real wiki summaries; every
+proposer demo is one the RL game would accept (its filter, its search range) and writes its
+question from what it retrieved."""
 
 from __future__ import annotations
 
@@ -11,13 +13,23 @@ from pathlib import Path
 
 import pytest
 
+from inference.filters import FILTER_REASONS, FilterConfig, check_question
+from inference.game import GameConfig
 from inference.parser import parse_action
-from training.coldstart_data import (LeakError, build_demos, check_no_leak, desc_phrase, find_answer_doc,
-                                     load_eval_files, validate_demo, wiki_candidates)
+from training import coldstart_data
+from training.coldstart_data import (LeakError, article_clues, build_demos, check_no_leak, compose_question,
+                                     desc_phrase, find_answer_doc, load_eval_files, sentences, summary_lines,
+                                     validate_demo, wiki_candidates)
+from training.config import RolloutArgs, SelfPlayArgs
 from utils.text import normalize_answer
 
 REPO = Path(__file__).resolve().parents[2]
 N_ARTICLES = 150
+# The trainer's defaults, read here and not from the builder: the demos must pass what RL runs.
+RL_FILTER = GameConfig(min_searches=SelfPlayArgs.min_searches).filter_config()
+RL_N = range(SelfPlayArgs.min_searches, RolloutArgs.max_turns)  # clamp_search_turns' [min_searches, max_turns - 1]
+PROPOSER_DROPS = {"answer_not_retrieved", "first_sentence_unusable", "too_few_clue_sentences",
+                  "clue_search_misses_answer", "duplicate", "eval overlap in turn text"} | {f"filter:{r}" for r in FILTER_REASONS}
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -145,7 +157,30 @@ def test_answer_lookup_is_word_bounded_and_grounded():
 
 
 # ------------------------------------------------------------------ the builder
-def test_builder_writes_well_formed_grounded_clean_demos(built, retriever, eval_file, doll_question):
+def _check_proposer_demo(d: dict, wiki: dict, fcfg: FilterConfig = RL_FILTER) -> None:
+    """A proposer demo the RL game accepts, whose question is written from its own retrieved article."""
+    turns, n = d["turns"], d["n_searches"]
+    queries = [parse_action(t["text"]).content for t in turns[:-1:2]]
+    docs = [t["docs"] for t in turns[1::2]]
+    assert n in RL_N and len(queries) == n and len(turns) == 2 * n + 1, d
+    assert parse_action(turns[-1]["text"]).content == d["question"]
+    # the RL game's cheap filter, with the trainer's defaults and with the prompt's n required
+    assert check_question(d["question"], d["answer"], queries, docs, n, fcfg) is None, d["question"]
+    assert check_question(d["question"], d["answer"], queries, docs, n,
+                          FilterConfig(**{**vars(fcfg), "searches_at_least_n": True})) is None
+    # the first search finds the answer's article, and every later search (a clue) leads back to it
+    cand = next(c for c in wiki_candidates(wiki) if c["name"] == d["answer"])
+    art = next(x for x in docs[0] if x["contents"].split("\n")[0] == cand["title"])
+    assert all(art["id"] in {x["id"] for x in ds} for ds in docs[1:]), d
+    # every word of the question is in that retrieved article (the template's words aside): it is not
+    # the Wikidata description question ("What is the name of the <description>?"), in no document
+    words = set(normalize_answer(d["question"]).split()) - set(normalize_answer(compose_question(["x", "y"])).split())
+    missing = words - set(normalize_answer(art["contents"]).split())
+    assert not missing, (d["question"], missing)
+    assert d["question"] != cand["question"]
+
+
+def test_builder_writes_well_formed_grounded_clean_demos(built, retriever, wiki, eval_file, doll_question):
     demos, stats = built
     by_role = {r: [d for d in demos if d["role"] == r] for r in ("solver", "proposer")}
     assert len(by_role["solver"]) == 25 and len(by_role["proposer"]) == 12, stats
@@ -164,10 +199,7 @@ def test_builder_writes_well_formed_grounded_clean_demos(built, retriever, eval_
             assert parse_action(turns[-1]["text"]) .kind == "answer"
             assert any(f" {normalize_answer(a)} " in blob for a in d["answer"]), d
         else:
-            assert d["n_searches"] == 2 and len(turns) == 5
-            assert parse_action(turns[-1]["text"]).content == d["question"]
-            assert normalize_answer(d["answer"]) not in normalize_answer(d["question"])
-            assert any(x["contents"].split("\n")[0].startswith(d["answer"]) for x in turns[3]["docs"])
+            _check_proposer_demo(d, wiki)
         for t in turns:
             if t["kind"] == "model":  # short turns: at most one <think> and one action
                 assert t["text"].count("<think>") <= 1 and len(t["text"]) < 400
@@ -181,6 +213,55 @@ def test_builder_writes_well_formed_grounded_clean_demos(built, retriever, eval_
     # the two roles never share an article
     sol = {normalize_answer(d["answer"][0]) for d in by_role["solver"]}
     assert not sol & {normalize_answer(d["answer"]) for d in by_role["proposer"]}
+    # an equal share of demos for each n the RL rows ask for (prepare_data draws n uniformly)
+    assert sorted(d["n_searches"] for d in by_role["proposer"]) == sorted(list(RL_N) * (12 // len(RL_N)))
+    # the proposer's dropped candidates are counted by reason, and printed
+    drops = {why: k for (role, _, why), k in stats.items() if role == "proposer"}
+    assert drops and set(drops) <= PROPOSER_DROPS and drops.get("too_few_clue_sentences", 0) > 0, stats
+    printed = "\n".join(summary_lines(demos, stats, {"solver": 25, "proposer": 12}))
+    assert "too_few_clue_sentences" in printed and f"proposer searches n: { {n: 12 // len(RL_N) for n in RL_N} }" in printed
+
+
+def test_builder_drops_what_the_filter_refuses_and_keeps_n_in_range(retriever, wiki, fanout_dev, eval_file, monkeypatch):
+    """The builder asks the real filter (here made stricter) and counts its refusals; n follows the arguments."""
+    rows = load_eval_files([eval_file])
+    demos, stats = build_demos(retriever, wiki, fanout_dev, rows, solver_n=0, proposer_n=4, seed=1,
+                               min_searches=3, max_turns=4)
+    assert len(demos) == 4 and {d["n_searches"] for d in demos} == {3}
+    for d in demos:
+        _check_proposer_demo(d, wiki)
+    strict = FilterConfig(min_words=22)
+    monkeypatch.setattr(coldstart_data, "rl_filter_config", lambda min_searches: strict)
+    demos, stats = build_demos(retriever, wiki, fanout_dev, rows, solver_n=0, proposer_n=2, seed=1)
+    assert stats[("proposer", "wiki_extract", "filter:too_few_words")] > 0, stats
+    for d in demos:
+        assert len(d["question"].split()) >= 22
+        _check_proposer_demo(d, wiki, strict)
+    for lo, turns in ((0, 4), (3, 3), (2, 2)):
+        with pytest.raises(ValueError, match="min_searches"):
+            build_demos(retriever, wiki, fanout_dev, rows, solver_n=0, proposer_n=1, min_searches=lo, max_turns=turns)
+
+
+def test_article_clues_read_the_answer_off_its_own_sentences():
+    text = ("Betelgeuse (from Arabic) is a red supergiant star in the equatorial constellation of Orion. "
+            "It is usually the tenth-brightest star in the night sky. Betelgeuse was named by H. P. Someone. "
+            "It is thought that it will explode. The star is large. Betelgeuse has the formula Al2Si2O5(OH)4 "
+            "in St. Louis.")
+    assert sentences(text)[0] == "Betelgeuse is a red supergiant star in the equatorial constellation of Orion."
+    assert sentences(text)[2] == "Betelgeuse was named by H. P. Someone."
+    clues = article_clues(text, "Betelgeuse", ["Betelgeuse"])
+    # "It is thought that" is no fact about the answer; "The star ..." does not name it
+    assert clues == ["a red supergiant star in the equatorial constellation of Orion",
+                     "is usually the tenth-brightest star in the night sky", "was named by H. P. Someone",
+                     "has the formula Al2Si2O5(OH)4 in St. Louis"]
+    assert compose_question(clues[:2]) == ("What is the name of a red supergiant star in the equatorial "
+                                           "constellation of Orion that is usually the tenth-brightest star in the night sky?")
+    assert compose_question(["a tool that cuts", "is old", "is sharp"]) == "What is the name of a tool that cuts and is old and is sharp?"
+    # a clue naming the answer is skipped; a long one is cut at a clause break; no copula, no clues
+    assert article_clues("Lead is a metal. It is called lead by chemists. It is soft.", "Lead", ["Lead"]) == ["a metal", "is soft"]
+    long = "Kelly was an American dancer, actor, singer, director and choreographer of many well known films of the golden age of Hollywood."
+    assert article_clues(long + " Kelly starred in films.", "Gene Kelly", ["Gene Kelly"]) == ["an American dancer", "starred in films"]
+    assert article_clues("In 1990 the band toured.", "The Band", ["The Band"]) == []
 
 
 def test_builder_is_deterministic(built, retriever, wiki, fanout_dev, eval_file):
@@ -196,7 +277,7 @@ def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "training.coldstart_data", "--index", str(index_dir), "--eval", str(eval_file),
            "--wiki", str(wiki_path), "--fanoutqa", str(dev_path), "--solver_n", "6", "--proposer_n", "4",
-           "--out", str(out)]
+           "--out", str(out), "--min_searches", "2", "--max_turns", "4"]
     # a held-out description set, kept away from the demos and from the RL rows' answers
     cands = wiki_candidates(wiki)
     train = _write_jsonl(tmp_path / "proposer.jsonl", [{"answer": c["name"], "search_turns": 2} for c in cands[::2]])
@@ -208,6 +289,7 @@ def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
     assert len(rows) == 10 and sum(d["role"] == "solver" for d in rows) == 6
     assert not (out.parent / "cs.jsonl.tmp").exists()
     assert "leak check: 10 demos vs 9 eval rows from tiny_eval.jsonl, held.jsonl: 0 overlaps" in r.stdout, r.stdout
+    assert "proposer searches n: {2: 2, 3: 2}" in r.stdout and "dropped:" in r.stdout, r.stdout
     held = [json.loads(line) for line in held_path.read_text().splitlines()]
     banned = {c["name"] for c in cands[::2]}
     demo_answers = {a for d in rows for a in ([d["answer"]] if isinstance(d["answer"], str) else d["answer"])}
@@ -222,3 +304,6 @@ def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
     bad = _write_jsonl(tmp_path / "bad.jsonl", rows + [_solver("Name the Swedish pop group", ["ABBA"])])
     r = subprocess.run(check + [str(bad)], cwd=REPO, env=env, capture_output=True, text=True)
     assert r.returncode == 1 and "1 of 11 demos" in r.stderr and "'ABBA'" in r.stderr, r.stderr
+    # a search range the RL game cannot play is refused before anything is built
+    r = subprocess.run(cmd + ["--min_searches", "3", "--max_turns", "3"], cwd=REPO, env=env, capture_output=True, text=True)
+    assert r.returncode == 2 and "--min_searches" in r.stderr, r.stderr
