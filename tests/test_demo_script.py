@@ -1,0 +1,101 @@
+"""scripts/demo_cpu.sh: it starts SSP from an SFT cold start made by the script the learning proof
+runs too (scripts/sft_coldstart.sh), and a second run of it reuses what the first one left: the SFT
+export is kept, training resumes from the latest checkpoint, and the eval is redone (--overwrite).
+
+The end-to-end test runs the real demo at a smoke scale (SFT on 8 demos in one step, 1 then 2 SSP
+steps of 2 proposer prompts, 2 eval rows per file): about 3-4 minutes on 2 cores. It needs the
+.venv of scripts/setup_cpu.sh, which the demo calls first and which returns at once when it is
+installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO = REPO / "scripts" / "demo_cpu.sh"
+PROOF = REPO / "scripts" / "learning_proof_cpu.sh"
+SFT = REPO / "scripts" / "sft_coldstart.sh"
+
+
+@pytest.mark.parametrize("script", [DEMO, PROOF, SFT], ids=lambda p: p.name)
+def test_script_parses(script):
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_sft_cold_start_is_one_shared_script():
+    """The demo and the learning proof both call sft_coldstart.sh; neither runs training/sft.py itself."""
+    for script in (DEMO, PROOF):
+        text = script.read_text()
+        assert re.search(r"^[^#\n]*bash scripts/sft_coldstart\.sh", text, re.M), script.name
+        assert not re.search(r"^[^#\n]*training/sft\.py", text, re.M), script.name
+    assert re.search(r"^[^#\n]*training/sft\.py", SFT.read_text(), re.M)
+
+
+def test_demo_trains_from_the_sft_export_with_the_learning_proof_protocol():
+    demo, proof = DEMO.read_text(), PROOF.read_text()
+    assert '--model_path "$SFT_DIR/hf"' in demo
+    proto = re.compile(r"^PROTO=\((.*)\)$", re.M)
+    assert proto.search(demo).group(1) == proto.search(proof).group(1)
+    for flag in ("--dtype bf16", "--train_top_layers 8", "--min_searches 2", "--old_logprobs rollout",
+                 '"${PROTO[@]}"'):
+        assert flag in demo, flag
+    assert "--overwrite" in demo.split("eval.py", 1)[1]  # a re-run re-evaluates into the same folder
+
+
+def _run_demo(env: dict, log: Path) -> str:
+    t0 = time.time()
+    r = subprocess.run(["bash", str(DEMO)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=900)
+    log.write_text(r.stdout)
+    assert r.returncode == 0, f"demo_cpu.sh exited {r.returncode} after {time.time() - t0:.0f} s:\n{r.stdout[-6000:]}"
+    return r.stdout
+
+
+@pytest.mark.slow
+def test_demo_smoke_runs_and_reruns(tmp_path):
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("needs the .venv of scripts/setup_cpu.sh")
+    from utils.dist import free_port
+
+    out = tmp_path / "demo"
+    env = {**os.environ, "OUT": str(out), "PORT": str(free_port()), "SFT_DEMOS": "8", "SFT_BATCH": "8",
+           "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
+
+    # first run: SFT, then SSP to step 1 (leg 2 has nothing left to do), then the eval
+    first = _run_demo(env, tmp_path / "first.log")
+    assert "-- SFT:" in first and "SFT cold start: skipped" not in first
+    hf = out / "sft" / "hf"
+    assert (hf / "config.json").exists()
+    assert (hf / "model.safetensors").exists() or (hf / "model.safetensors.index.json").exists()
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
+    assert "leg 2: skipped" in first
+    res = json.loads((out / "eval" / "results.json").read_text())
+    assert res["overall"]["n"] == 6  # 2 rows of each of the 3 eval files
+    assert "questions answered" in first
+    sft_mtime = (hf / "config.json").stat().st_mtime
+
+    # second run, one step further: the SFT export is reused, leg 1 is skipped, leg 2 resumes from
+    # step 1, and the eval goes into the same folder again
+    env["STEPS"], env["PORT"] = "2", str(free_port())
+    second = _run_demo(env, tmp_path / "second.log")
+    assert "SFT cold start: skipped" in second and "-- SFT:" not in second
+    assert (hf / "config.json").stat().st_mtime == sft_mtime
+    assert "leg 1: skipped" in second
+    assert "leg 2: resume from the checkpoint at step 1" in second
+    assert "resumed from" in second  # train.py's own line
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_000002"
+    steps = {json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()}
+    assert {1, 2} <= steps
+    res2 = json.loads((out / "eval" / "results.json").read_text())
+    assert res2["overall"]["n"] == 6
+    assert json.loads((out / "eval" / "config.json").read_text())["model"].endswith("step_000002/hf")
+    stages = [line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()]
+    assert stages.count("eval") == 2 and stages.count("ssp_leg2") == 1
