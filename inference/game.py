@@ -478,6 +478,8 @@ def _mean(xs: Sequence[float]) -> float:
 def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:
     counts = Counter(r for r in reasons if r is not None)
     checked = [v for v in verdict.values() if v is not None]
+    fresh = [t for t in sols if t.info["meta"].get("source", "proposer" if t.info["meta"]["proposer"] is not None
+                                                   else "pool") == "proposer"]
     s = {
         "game/proposer_trajs": len(props),
         "game/valid_rate": _mean([float(r is None) for r in reasons]),
@@ -496,6 +498,10 @@ def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:
         "solver/turns_mean": _mean([t.num_turns for t in sols]),
         "solver/searches_mean": _mean([t.num_searches for t in sols]),
         "solver/judge_failed": sum(bool(t.info["judge_failed"]) for t in sols),
+        # the curriculum: solver accuracy on this round's own (fresh) proposer questions, apart from
+        # pool refills and fixed QA rows; counts, so a ratio over ranks and steps stays exact
+        "solver/fresh_trajs": len(fresh),
+        "solver/fresh_correct": sum(float(t.info["correct"]) for t in fresh),
     }
     for reason in FILTER_REASONS + ("rag_failed",):
         s[f"game/filter/{reason}"] = counts.get(reason, 0)

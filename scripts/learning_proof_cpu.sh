@@ -1,42 +1,56 @@
 #!/usr/bin/env bash
-# Does SSP learn, or does only the plumbing run? The CPU learning proof (issue #7), end to end:
-#   1. install (scripts/setup_cpu.sh), data (prepare_data.py), BM25 index
-#   2. scripts/sft_coldstart.sh (shared with scripts/demo_cpu.sh): cold-start demos (python -m
-#      training.coldstart_data, leak-checked against every eval set), then the SFT cold start of
-#      SmolLM2-135M-Instruct on the first SFT_DEMOS of them (training/sft.py)
-#   3. eval.py on the SFT export: held-out capitals + FanOutQA single- and multi-hop, greedy
-#   4. per seed: SSP self-play from the SFT export, both roles trained (train.py), up to each step
-#      milestone in STEPS (resuming from the previous one; constant LR, so one run in pieces)
-#   5. per seed and milestone: eval.py on that step's export, same protocol as 3
-#   6. bench/learning_proof.py: plot (bench/learning_proof.png), table in bench/RESULTS.md,
-#      learning.* keys in bench/results.json
+# Does RL on this trainer learn, and does self-play add to it? The CPU learning proof as a ladder (issue 13):
+#   1. install (scripts/setup_cpu.sh), data (prepare_data.py), BM25 index, the dtype measured on this
+#      machine (python -m utils.cpu_dtype; DTYPE= overrides)
+#   2. scripts/sft_coldstart.sh (shared with scripts/demo_cpu.sh): cold-start demos, leak-checked against
+#      every eval set, then the SFT cold start of SmolLM2-135M-Instruct: the one start every rung shares
+#   3. greedy held-out eval of the SFT export (the number every gain is measured from); the QA rows
+#      data/train/solver_qa.jsonl split once into a dev split (the last DEV_ROWS) and RL training rows
+#   4. rung 0, headroom: the SFT model's pass@PASSK (temperature 1) against its greedy EM, on the dev
+#      split and on a held-out slice (the first PASSK_LIMIT rows of each held-out file)
+#   5. rung 1, the RL core, per seed: solver-only RL on the training QA rows (--self_play_enable false),
+#      held-out eval at each milestone in QA_STEPS
+#   6. rung 2, SSP, per seed: both roles trained from proposer rows (answers from the corpus), held-out
+#      eval at each milestone in STEPS
+#   7. bench/learning_proof.py: one plot of both RL rungs (bench/learning_proof.png), the sections
+#      learning_headroom, learning_qa and learning of bench/RESULTS.md, their keys in bench/results.json
 #
-#   bash scripts/learning_proof_cpu.sh                 # 3 seeds, evaluated at steps 12 and 40
-#   SEEDS="1 2 3 4" STEPS="20 60" OUT=runs/lp2 bash scripts/learning_proof_cpu.sh
+#   bash scripts/learning_proof_cpu.sh                       # rungs 0-2, 3 seeds, 20 steps per RL rung
+#   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #
-# Every stage is skipped when its output exists, and train.py resumes from its last checkpoint,
-# so re-running the same line after a crash continues where it stopped. The SFT cold start is
-# shared by the seeds (it is the common starting point the gain is measured from); the seeds
-# differ in the RL run: sampling, data order, game seeds.
-# Held-out eval: wiki_desc_heldout (300 description questions the builder kept out of the demos and
-# out of the RL rows' answers; the in-distribution test), capitals, FanOutQA single- and multi-hop.
-# Choices (measured; see the closing note of issue #7 and bench/RESULTS.md):
-#   bf16 on CPU: this Xeon has AMX; bf16 GEMMs run 4x faster than fp32 (666 vs 170 GFLOP/s on
-#   2 threads); an SFT step of 32 demos takes ~30 s instead of 58 s.
-#   --train_top_layers (12 for SFT, 8 for RL, of 30): backward and optimizer only on the top layers
-#   (fp32, 32 demos: 73 s/step with 8 layers vs 153-200 s with all); frozen layers are never re-sent
-#   to vLLM (sync 0.13 s instead of seconds).
-#   --max_info_tokens 160: three documents cut to 160 tokens; most of a sequence is documents.
-#   --old_logprobs rollout: vLLM's log-probs serve as the ratio's old log-probs (saves the
-#   recompute forward, ~14 s of a ~75 s step).
+# Every stage is skipped when its output exists, and train.py resumes from its last checkpoint, so
+# re-running the same line after a crash continues where it stopped. The seeds differ in the RL run
+# (sampling, data order, game seeds); the SFT start and the held-out protocol are shared.
+# Held-out eval (never trained on, never used to pick a setting): wiki_desc_heldout (300 description
+# questions kept out of the demos and the RL rows' answers: the in-distribution test), capitals,
+# FanOutQA single- and multi-hop. Settings are chosen from the training games and the dev split only.
+# Recipe (see the closing note of issue 13 and bench/RESULTS.md):
+#   --train_top_layers 8 of 30: backward and optimizer only on the top layers; frozen layers are never
+#   re-sent to vLLM. --max_info_tokens 160: three documents cut to 160 tokens (most of a row is documents).
+#   --old_logprobs rollout: vLLM's log-probs serve as the ratio's old log-probs (saves a forward; the
+#   actor re-scores a sample each step for actor/rollout_lp_gap). --ppo_mini_batches 2: two optimizer steps
+#   per batch, so the ratio leaves 1 and clipping acts (veRL/SSP mini-batches; generation is the costly part).
+#   Rung 2: 3 turns allow 2 searches, so --min_searches 2 and every proposer row asks for n = 2; no RAG
+#   check without a judge, so the proposer is paid 4s(1-s) (--proposer_reward auto), never for a question
+#   nobody can answer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
+RUNGS=${RUNGS:-"0 1 2"}
 SEEDS=${SEEDS:-"1 2 3"}
-STEPS=${STEPS:-"12 40"}   # milestones: held-out eval at each
+QA_STEPS=${QA_STEPS:-"20"}     # rung 1 milestones: held-out eval at each
+STEPS=${STEPS:-"20"}           # rung 2 milestones
 SFT_DEMOS=${SFT_DEMOS:-640}
-LR=${LR:-2e-5}
-NAME=${NAME:-learning}   # RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
+LR=${LR:-5e-5}
+QA_PROMPTS=${QA_PROMPTS:-8}    # rung 1: fixed QA questions per step
+PROMPTS=${PROMPTS:-8}          # rung 2: proposer prompts per step
+SOLVER_N=${SOLVER_N:-8}        # G_s, both rungs
+MINI=${MINI:-2}                # --ppo_mini_batches
+FORMAT_PENALTY=${FORMAT_PENALTY:--1}
+PASSK=${PASSK:-8}
+PASSK_LIMIT=${PASSK_LIMIT:-50}
+DEV_ROWS=${DEV_ROWS:-200}
+NAME=${NAME:-learning}   # rung 2's RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
 EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
             data/eval/fanoutqa_multihop.jsonl)
 
@@ -48,61 +62,95 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 mkdir -p "$OUT"
 TIMES="$OUT/timings.tsv"
 stamp() { echo -e "$1\t$2\t$3" >> "$TIMES"; }   # stage, seconds, seed
+has_rung() { [[ " $RUNGS " == *" $1 "* ]]; }
 
 hf_export_done() {  # config plus one safetensors file or the index of its shards
   [ -f "$1/config.json" ] && { [ -f "$1/model.safetensors" ] || [ -f "$1/model.safetensors.index.json" ]; }
 }
 
-echo "== [1/6] data, BM25 index"
+echo "== [1/7] data, BM25 index, dtype"
 $PY scripts/prepare_data.py
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
+export DTYPE=${DTYPE:-$($PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval alike
+EVAL_DTYPE=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).
 PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
 
-echo "== [2/6] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
+echo "== [2/7] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
 had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true
 t=$(date +%s)
 SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
 $had_sft || stamp sft $(( $(date +%s) - t )) -
 
-evaluate() {  # model_dir out_dir; run only while out_dir has no results.json, so what is there is a killed eval's
-  $PY eval.py --model "$1" --dtype bfloat16 --data "${EVAL_FILES[@]}" --index data/indexes/bm25 \
-    "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 --out_dir "$2" --overwrite
+evaluate() {  # model_dir out_dir [eval.py args]; run only while out_dir has no results.json
+  local model=$1 dir=$2; shift 2
+  [ -f "$dir/results.json" ] && return 0
+  $PY eval.py --model "$model" --dtype "$EVAL_DTYPE" --index data/indexes/bm25 "${PROTO[@]}" --max_model_len 1024 \
+    --kv_cache_mb 1024 --batch_size 128 --out_dir "$dir" --overwrite "$@" 2>&1 | tail -12
 }
 
-echo "== [3/6] held-out eval of the SFT checkpoint"
+echo "== [3/7] held-out eval of the SFT checkpoint; dev split of the QA rows"
 if [ ! -f "$OUT/eval_sft/results.json" ]; then
-  t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" 2>&1 | tail -20; stamp eval_sft $(( $(date +%s) - t )) -
+  t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" --data "${EVAL_FILES[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
+fi
+if [ ! -f "$OUT/qa_dev.jsonl" ]; then  # the file is shuffled at a fixed seed: its tail is a random dev split
+  head -n "-$DEV_ROWS" data/train/solver_qa.jsonl > "$OUT/qa_train.jsonl.tmp"
+  tail -n "$DEV_ROWS" data/train/solver_qa.jsonl | sed 's/"data_source": "wiki_desc"/"data_source": "wiki_desc_dev"/' \
+    > "$OUT/qa_dev.jsonl.tmp"
+  mv "$OUT/qa_train.jsonl.tmp" "$OUT/qa_train.jsonl"; mv "$OUT/qa_dev.jsonl.tmp" "$OUT/qa_dev.jsonl"
 fi
 
-for SEED in $SEEDS; do
-  RUN="$OUT/seed$SEED"
-  for M in $STEPS; do   # milestones: train on to step M (resuming), then evaluate the step-M export
-    if [ -f "$RUN/eval_step$M/results.json" ]; then continue; fi
-    echo "== [4/6] seed $SEED: SSP self-play up to step $M from the SFT checkpoint"
-    if ! hf_export_done "$RUN/checkpoints/step_$(printf %06d "$M")/hf"; then
-      t=$(date +%s)
-      $PY train.py --model_path "$OUT/sft/hf" --dtype bf16 --gradient_checkpointing false --train_top_layers 8 \
-        --index data/indexes/bm25 --train_data data/train/proposer.jsonl \
-        --prompts_per_step 8 --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off \
-        --proposer_estimator reinforce++ --solver_estimator grpo \
-        "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024 \
-        --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --total_steps "$M" --seed "$SEED" \
-        --save_every 5 --max_ckpts 1 --sample_every 5 --output_dir "$RUN" 2>&1 | tee -a "$RUN.log"
-      stamp rl $(( $(date +%s) - t )) "$SEED"
-    fi
-    CKPT="$RUN/checkpoints/step_$(printf %06d "$M")/hf"
-    hf_export_done "$CKPT" || { echo "learning_proof: $CKPT is missing (the run went past step $M" \
-      "before it was evaluated); delete $RUN to redo seed $SEED" >&2; exit 1; }
-    echo "== [5/6] seed $SEED: held-out eval of the step-$M checkpoint"
-    t=$(date +%s)
-    evaluate "$CKPT" "$RUN/eval_step$M" 2>&1 | tail -20
-    stamp "eval_step$M" $(( $(date +%s) - t )) "$SEED"
-  done
-done
+if has_rung 0; then
+  echo "== [4/7] rung 0, headroom: SFT greedy vs pass@$PASSK on the dev split and a held-out slice"
+  t=$(date +%s)
+  evaluate "$OUT/sft/hf" "$OUT/eval_sft_dev" --data "$OUT/qa_dev.jsonl"
+  evaluate "$OUT/sft/hf" "$OUT/passk_dev" --data "$OUT/qa_dev.jsonl" --samples "$PASSK" --temperature 1.0 --seed 1
+  evaluate "$OUT/sft/hf" "$OUT/eval_sft_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT"
+  evaluate "$OUT/sft/hf" "$OUT/passk_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT" --samples "$PASSK" \
+    --temperature 1.0 --seed 1
+  stamp headroom $(( $(date +%s) - t )) -
+fi
 
-echo "== [6/6] plot and tables"
+# RL recipe shared by both rungs
+COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
+  --index data/indexes/bm25 "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024
+  --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --ppo_mini_batches "$MINI"
+  --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5)
+QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
+SSP_ARGS=(--train_data data/train/proposer.jsonl --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
+  --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
+
+ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
+  local rung=$1 prefix=$2 rl_stage=$3 ev_stage=$4 milestones=$5; shift 5
+  for SEED in $SEEDS; do
+    RUN="$OUT/$prefix$SEED"
+    for M in $milestones; do   # train on to step M (resuming), then evaluate the step-M export
+      if [ -f "$RUN/eval_step$M/results.json" ]; then continue; fi
+      CKPT="$RUN/checkpoints/step_$(printf %06d "$M")/hf"
+      echo "== [$rung] seed $SEED: RL up to step $M from the SFT checkpoint -> $RUN"
+      if ! hf_export_done "$CKPT"; then
+        t=$(date +%s)
+        $PY train.py "${COMMON[@]}" "$@" --total_steps "$M" --seed "$SEED" --output_dir "$RUN" 2>&1 | tee -a "$RUN.log"
+        stamp "$rl_stage" $(( $(date +%s) - t )) "$SEED"
+      fi
+      hf_export_done "$CKPT" || { echo "learning_proof: $CKPT is missing (the run went past step $M" \
+        "before it was evaluated); delete $RUN to redo seed $SEED" >&2; exit 1; }
+      echo "== [$rung] seed $SEED: held-out eval of the step-$M checkpoint"
+      t=$(date +%s)
+      evaluate "$CKPT" "$RUN/eval_step$M" --data "${EVAL_FILES[@]}"
+      stamp "$ev_stage$M" $(( $(date +%s) - t )) "$SEED"
+    done
+  done
+}
+if has_rung 1; then ladder "5/7 rung 1" qa_seed rl_qa eval_qa_step "$QA_STEPS" "${QA_ARGS[@]}"; fi
+if has_rung 2; then ladder "6/7 rung 2" seed rl eval_step "$STEPS" "${SSP_ARGS[@]}"; fi
+
+echo "== [7/7] plot and tables"
 PNG=bench/learning_proof.png; [ "$NAME" = learning ] || PNG="bench/${NAME}.png"
-$PY bench/learning_proof.py --out "$OUT" --seeds $SEEDS --steps $STEPS --name "$NAME" --png "$PNG"
+REPORT=(--out "$OUT" --seeds $SEEDS --name "$NAME" --png "$PNG")
+has_rung 0 && REPORT+=(--passk "$PASSK")
+has_rung 1 && REPORT+=(--qa_steps $QA_STEPS)
+has_rung 2 && REPORT+=(--steps $STEPS)
+$PY bench/learning_proof.py "${REPORT[@]}"

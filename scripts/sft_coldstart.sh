@@ -18,7 +18,8 @@
 # Knobs (environment): SFT_DEMOS (640), SFT_BATCH (32 demos per optimizer step), SFT_LR (2e-4, cosine,
 # 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_MAX_INFO_TOKENS (160; keep it equal
 # to the RL and eval --max_info_tokens), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
-# COLDSTART (the demos file). bf16: on CPUs with AMX (see PLATFORM.md) bf16 GEMMs run ~4x faster than fp32.
+# COLDSTART (the demos file), DTYPE (bf16 or fp32; default: measured by python -m utils.cpu_dtype, bf16 only
+# where its GEMMs are clearly faster: ~4x on AMX Xeons, no faster on AVX2-only EPYCs; PLATFORM.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SFT_DIR=${1:?usage: bash scripts/sft_coldstart.sh SFT_DIR   (the HF export lands in SFT_DIR/hf)}
@@ -31,6 +32,7 @@ SFT_THREADS=${SFT_THREADS:-$(nproc)}
 BASE_MODEL=${BASE_MODEL:-data/models/SmolLM2-135M-Instruct}
 COLDSTART=${COLDSTART:-data/train/coldstart.jsonl}
 PY=${PY:-.venv/bin/python}
+DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$SFT_THREADS $PY -m utils.cpu_dtype --verbose)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 
@@ -53,11 +55,11 @@ if hf_export_done "$SFT_DIR/hf"; then
 fi
 $PY -m training.coldstart_data --check "$COLDSTART"   # the leak check, said out loud
 
-echo "-- SFT: $SFT_DEMOS demos, batch $SFT_BATCH, lr $SFT_LR, top $SFT_TOP_LAYERS layers, bf16 -> $SFT_DIR/hf" \
+echo "-- SFT: $SFT_DEMOS demos, batch $SFT_BATCH, lr $SFT_LR, top $SFT_TOP_LAYERS layers, $DTYPE -> $SFT_DIR/hf" \
   "(log: $SFT_DIR.log)"
 mkdir -p "$(dirname "$SFT_DIR")"
 OMP_NUM_THREADS=$SFT_THREADS $PY training/sft.py --model_path "$BASE_MODEL" --data "$COLDSTART" \
-  --output_dir "$SFT_DIR" --dtype bf16 --batch_size "$SFT_BATCH" --max_demos "$SFT_DEMOS" --epochs 1 \
+  --output_dir "$SFT_DIR" --dtype "$DTYPE" --batch_size "$SFT_BATCH" --max_demos "$SFT_DEMOS" --epochs 1 \
   --lr "$SFT_LR" --warmup_steps 1 --lr_schedule cosine --train_top_layers "$SFT_TOP_LAYERS" \
   --max_info_tokens "$SFT_MAX_INFO_TOKENS" --gradient_checkpointing false --seed 0 --save_every 4 \
   2>&1 | tee -a "$SFT_DIR.log"

@@ -18,24 +18,28 @@ def _eval(path, overall_em, per_source):
         "per_source": {k: {"n": 5, "em": v} for k, v in per_source.items()}}))
 
 
-def _run_folder(root, finals, steps=4, mid=2):
-    """finals: seed -> EM at step `steps`; the step-`mid` eval sits halfway between SFT and it."""
-    _eval(root / "eval_sft", 0.20, {"a": 0.3, "b": 0.1})
-    timings = ["sft\t600\t-", "eval_sft\t300\t-"]
+def _run_folder(root, finals, steps=4, mid=2, prefix="seed", rl="rl", ev="eval_step"):
+    """finals: seed -> EM at step `steps`; the step-`mid` eval sits halfway between SFT and it.
+    prefix/rl/ev: rung 2's run folders and timing stages by default; rung 1's are qa_seed/rl_qa/eval_qa_step."""
+    if not (root / "eval_sft").exists():
+        _eval(root / "eval_sft", 0.20, {"a": 0.3, "b": 0.1})
+    timings = ["sft\t600\t-", "eval_sft\t300\t-"] if not (root / "timings.tsv").exists() else []
     for seed, em in finals.items():
-        _eval(root / f"seed{seed}" / f"eval_step{steps}", em, {"a": em, "b": em})
-        _eval(root / f"seed{seed}" / f"eval_step{mid}", (0.20 + em) / 2, {"a": em, "b": em})
+        _eval(root / f"{prefix}{seed}" / f"eval_step{steps}", em, {"a": em, "b": em})
+        _eval(root / f"{prefix}{seed}" / f"eval_step{mid}", (0.20 + em) / 2, {"a": em, "b": em})
         lines = [json.dumps({"step": steps, "eval/em": 0.5})]  # an eval line: not a training step
         for s in range(1, steps + 1):
             lines.append(json.dumps({"step": s, "game/valid_rate": 0.5, "proposer/reward_mean": 0.1 * s,
-                                     "solver/reward_mean": 0.2}))
+                                     "solver/reward_mean": 0.2, "solver/acc": 0.25, "solver/fresh_trajs": 4.0,
+                                     "solver/fresh_correct": float(s % 2)}))
         lines.append(json.dumps({"step": 2, "game/valid_rate": 0.9, "proposer/reward_mean": 9.0,
                                  "solver/reward_mean": 0.2}))  # a resumed step 2 replaces the crashed one
-        (root / f"seed{seed}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (root / f"{prefix}{seed}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
         # the RL run in two pieces (milestones), both counted
-        timings += [f"rl\t{400 + 60 * int(seed)}\t{seed}", f"rl\t500\t{seed}",
-                    f"eval_step{mid}\t120\t{seed}", f"eval_step{steps}\t180\t{seed}"]
-    (root / "timings.tsv").write_text("\n".join(timings) + "\n")
+        timings += [f"{rl}\t{400 + 60 * int(seed)}\t{seed}", f"{rl}\t500\t{seed}",
+                    f"{ev}{mid}\t120\t{seed}", f"{ev}{steps}\t180\t{seed}"]
+    with (root / "timings.tsv").open("a") as f:
+        f.write("\n".join(timings) + "\n")
 
 
 @pytest.fixture
@@ -94,3 +98,56 @@ def test_a_second_recipe_keeps_its_own_keys_and_section(tmp_path, results):
     assert keys["learning_lr1e-4.solver_acc_gain"] == pytest.approx(8.0, abs=1e-3)
     assert not any(k.startswith("learning.") for k in keys)
     assert "## learning_lr1e-4" in (results / "RESULTS.md").read_text()
+
+
+def test_fresh_question_accuracy_is_weighted_by_count():
+    rows = [{"solver/fresh_trajs": 4.0, "solver/fresh_correct": 4.0}, {"solver/fresh_trajs": 0.0},
+            {"solver/fresh_trajs": 12.0, "solver/fresh_correct": 0.0}]
+    assert learning_proof._fresh_acc(rows) == pytest.approx(4 / 16)   # not the mean of 1.0 and 0.0
+    import math
+    assert math.isnan(learning_proof._fresh_acc([{"solver/fresh_trajs": 0.0}]))
+
+
+def test_both_rl_rungs_get_their_own_sections_keys_and_one_plot(tmp_path, results):
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})                                     # rung 2
+    _run_folder(out, {"1": 0.40, "2": 0.50, "3": 0.45}, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")  # rung 1
+    png = tmp_path / "both.png"
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4",
+                                "--qa_steps", "2", "4", "--png", str(png)]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning_qa.solver_acc_gain"] == pytest.approx(statistics.mean([20.0, 30.0, 25.0]), abs=1e-3)
+    assert keys["learning_qa.seed_std"] == pytest.approx(5.0, abs=1e-3)
+    assert keys["learning.solver_acc_gain"] == pytest.approx(8.0, abs=1e-3)
+    # each rung counts only its own RL and eval stages, beside the shared SFT
+    assert keys["learning_qa.minutes_per_seed"] == keys["learning.minutes_per_seed"] == pytest.approx(
+        15 + statistics.mean([21, 22, 23]), abs=1e-2)
+    md = (results / "RESULTS.md").read_text()
+    assert "## learning_qa" in md and "Rung 1" in md and "Rung 2" in md
+    assert png.stat().st_size > 10_000
+
+
+def _passk_eval(path, em, passk, meank, k=8):
+    path.mkdir(parents=True)
+    src = {"n": 4, "em": em, f"pass@{k}": passk, f"mean@{k}": meank}
+    path.joinpath("results.json").write_text(json.dumps({"overall": src, "per_source": {"a": src}}))
+
+
+def test_headroom_is_passk_minus_greedy_on_each_split(tmp_path, results):
+    out = tmp_path / "lp"
+    _eval(out / "eval_sft_dev", 0.40, {"a": 0.40})
+    _passk_eval(out / "passk_dev", 0.38, 0.75, 0.38)
+    _eval(out / "eval_sft_slice", 0.20, {"a": 0.20})
+    _passk_eval(out / "passk_slice", 0.18, 0.30, 0.18)
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "--passk", "8"]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning.sft_passk_gap"] == pytest.approx(35.0)
+    assert keys["learning.sft_passk_gap_heldout"] == pytest.approx(10.0)
+    assert "## learning_headroom" in (results / "RESULTS.md").read_text()
+    with pytest.raises(SystemExit, match="eval_sft_dev"):
+        learning_proof.main(["--out", str(tmp_path / "empty"), "--seeds", "1", "--passk", "8"])
+
+
+def test_nothing_asked_is_refused(tmp_path):
+    with pytest.raises(SystemExit):
+        learning_proof.main(["--out", str(tmp_path), "--seeds", "1"])

@@ -23,6 +23,7 @@ from inference.game import (
     GameConfig,
     QuestionPool,
     _flat_docs,
+    _stats,
     _search_fns,
     mark_excluded,
     play_round,
@@ -40,7 +41,7 @@ STAT_KEYS = {
     "game/proposer_trajs", "game/valid_rate", "game/filter_pass_rate", "game/rag_checked", "game/rag_pass_rate",
     "game/rag_unavailable", "game/pool_fills", "game/pool_size", "game/questions", "proposer/reward_mean",
     "proposer/searches_mean", "solver/acc", "solver/reward_mean", "solver/spam_rate", "solver/turns_mean",
-    "solver/searches_mean", "solver/judge_failed",
+    "solver/searches_mean", "solver/judge_failed", "solver/fresh_trajs", "solver/fresh_correct",
     *(f"game/filter/{r}" for r in FILTER_REASONS + ("rag_failed",)),
     *(f"judge/{k}" for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed")),
     "game/groups", "game/excluded_groups", "game/excluded_trajs", *(f"game/excluded/{r}" for r in EXCLUSION_REASONS),
@@ -123,6 +124,8 @@ def test_full_round_tiny_model(vllm_engine, bm25):
         expected = (1.0 / cfg.spam_divisor if t.info["spam"] else 1.0) if t.info["correct"] else 0.0
         assert t.reward == expected
     assert s["solver/acc"] == sum(t.info["correct"] for t in sols) / len(sols)
+    assert s["solver/fresh_trajs"] == 3 * n_valid     # this round's own questions, not the pool's
+    assert s["solver/fresh_correct"] == sum(t.info["correct"] for t in sols if not t.info["from_pool"])
 
     # each role's searches went to its own backend, and only there
     assert sorted(per_role["proposer"].queries) == sorted(q for t in props for q in t.info["queries"] if q)
@@ -184,6 +187,11 @@ def test_validate_and_score_valid_path(handmade):
     assert props[0].reward == pytest.approx(1 - 2 / 4) and props[3].reward == pytest.approx(1 - 3 / 4)
     assert props[1].reward == props[2].reward == cfg.invalid_penalty
     assert props[1].info["filter_reason"] == "answer_in_question"
+
+    # the curriculum metric counts only the round's own questions: 8 fresh, 5 right (the pool's 1 is apart)
+    st = _stats(props, sols, reasons, verdict, 1, None)
+    assert (st["solver/fresh_trajs"], st["solver/fresh_correct"]) == (8, 5.0)
+    assert st["solver/acc"] == pytest.approx(6 / 9)
 
     quad = GameConfig(rag_verifier="off", proposer_reward="4s(1-s)", invalid_penalty=0.0)
     score(props, reasons, sols, Judge(), quad)
