@@ -16,8 +16,9 @@ import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-RESULTS_JSON = BENCH_DIR / "results.json"
-RESULTS_MD = BENCH_DIR / "RESULTS.md"
+# BENCH_RESULTS_DIR sends a run's results elsewhere (a smoke test must not overwrite the measured ones)
+RESULTS_JSON = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR)) / "results.json"
+RESULTS_MD = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR)) / "RESULTS.md"
 _HEADER = (
     "# Benchmark results\n\n"
     "Written by the scripts in `bench/`; each section is replaced when its script runs again.\n"

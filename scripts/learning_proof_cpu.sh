@@ -50,9 +50,11 @@ FORMAT_PENALTY=${FORMAT_PENALTY:--1}
 PASSK=${PASSK:-8}
 PASSK_LIMIT=${PASSK_LIMIT:-50}
 DEV_ROWS=${DEV_ROWS:-200}
+EVAL_LIMIT=${EVAL_LIMIT:-}      # empty = every held-out row (the protocol); a number = the first N of each file (smoke tests)
 NAME=${NAME:-learning}   # rung 2's RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
 EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
             data/eval/fanoutqa_multihop.jsonl)
+HELDOUT=(--data "${EVAL_FILES[@]}" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"})
 
 bash scripts/setup_cpu.sh
 PY=.venv/bin/python
@@ -93,7 +95,7 @@ evaluate() {  # model_dir out_dir [eval.py args]; run only while out_dir has no 
 
 echo "== [3/7] held-out eval of the SFT checkpoint; dev split of the QA rows"
 if [ ! -f "$OUT/eval_sft/results.json" ]; then
-  t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" --data "${EVAL_FILES[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
+  t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" "${HELDOUT[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
 fi
 if [ ! -f "$OUT/qa_dev.jsonl" ]; then  # the file is shuffled at a fixed seed: its tail is a random dev split
   head -n "-$DEV_ROWS" data/train/solver_qa.jsonl > "$OUT/qa_train.jsonl.tmp"
@@ -139,7 +141,7 @@ ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
         "before it was evaluated); delete $RUN to redo seed $SEED" >&2; exit 1; }
       echo "== [$rung] seed $SEED: held-out eval of the step-$M checkpoint"
       t=$(date +%s)
-      evaluate "$CKPT" "$RUN/eval_step$M" --data "${EVAL_FILES[@]}"
+      evaluate "$CKPT" "$RUN/eval_step$M" "${HELDOUT[@]}"
       stamp "$ev_stage$M" $(( $(date +%s) - t )) "$SEED"
     done
   done
@@ -148,7 +150,8 @@ if has_rung 1; then ladder "5/7 rung 1" qa_seed rl_qa eval_qa_step "$QA_STEPS" "
 if has_rung 2; then ladder "6/7 rung 2" seed rl eval_step "$STEPS" "${SSP_ARGS[@]}"; fi
 
 echo "== [7/7] plot and tables"
-PNG=bench/learning_proof.png; [ "$NAME" = learning ] || PNG="bench/${NAME}.png"
+BENCH_OUT=${BENCH_RESULTS_DIR:-bench}   # where RESULTS.md, results.json and the plot go (bench/report.py reads it too)
+PNG=$BENCH_OUT/learning_proof.png; [ "$NAME" = learning ] || PNG="$BENCH_OUT/${NAME}.png"
 REPORT=(--out "$OUT" --seeds $SEEDS --name "$NAME" --png "$PNG")
 has_rung 0 && REPORT+=(--passk "$PASSK")
 has_rung 1 && REPORT+=(--qa_steps $QA_STEPS)

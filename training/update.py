@@ -138,8 +138,13 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                     continue
                 engine.step()
                 # ZeRO-3 itself skips a step whose global (all-reduced) gradient norm is not finite
-                # (stage3.step: is_invalid_grad_norm), on every rank alike; count it
-                n_skipped += not math.isfinite(float(engine.get_global_grad_norm() or 0.0))
+                # (stage3.step: is_invalid_grad_norm), on every rank alike; count it, and say so
+                gn = float(engine.get_global_grad_norm() or 0.0)
+                if not math.isfinite(gn):
+                    n_skipped += 1
+                    print0(f"update: NON-FINITE gradient norm ({gn}) from finite losses; DeepSpeed skipped this "
+                           "optimizer step on every rank (actor/skipped_steps; --max_nonfinite_steps stops the run "
+                           "after that many in a row)")
     return metrics, n_steps, n_skipped
 
 

@@ -156,6 +156,8 @@ def test_each_mode_trains_only_its_roles(runs):
     # syncs) writes documents (issue 14 (8): on a shared engine it once returned none)
     for m in sim:
         assert m["search/sim_failures"] == 0 and m["game/excluded/search_failed"] == 0, m
+        # a step whose rollouts searched got documents back from the simulator (never an empty answer)
+        assert m.get("search/queries", 0) == 0 or m["search/sim_docs"] > 0, m
     direct = runs["_direct_search"]
     assert direct["failures"] == 0 and direct["stats"]["failures"] == 0, direct
     assert direct["docs"] == [2, 2] and direct["stats"]["docs"] >= 4, direct
@@ -239,3 +241,21 @@ def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
     trajs += [T(role="proposer", group_id="b", reward=0.5)]                     # proposers are never dropped
     kept, n_flat = drop_flat_solver_groups(trajs)
     assert n_flat == 2 and [(t.role, t.group_id) for t in kept] == [("solver", "a"), ("solver", "a"), ("proposer", "b")]
+
+
+def test_self_search_shaping_rewrites_the_solver_rewards_the_loss_reads():
+    """The trainer's SSRL shaping sets each solver trajectory's reward to 0.9 * correct + 0.1 * format
+    (a well-formed wrong answer earns 0.1, a malformed right one 0.9); proposer rewards are left alone."""
+    from inference.trajectory import Trajectory
+    from training.trainer import SSPTrainer
+
+    good = "<think>look it up</think><search>capital of France</search><information>Paris is the capital." \
+           "</information><think>so</think><answer>Paris</answer>"
+    def traj(role, text, correct, reward):  # noqa: E306
+        return Trajectory(role, "g", [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question="q", answer="Paris",
+                          response_text=text, reward=reward, info={"correct": correct})
+    trajs = [traj("solver", good, 0.0, 0.0), traj("solver", "Paris", 1.0, 1.0), traj("solver", good, 1.0, 1.0),
+             traj("proposer", good, 0.0, -1.0)]
+    SSPTrainer._shape_self_search_rewards(trajs)
+    assert [t.reward for t in trajs] == pytest.approx([0.1, 0.9, 1.0, -1.0])
+    assert [t.info.get("format_reward") for t in trajs] == [1.0, 0.0, 1.0, None]

@@ -1,0 +1,65 @@
+"""scripts/learning_proof_cpu.sh runs end to end: every rung of the ladder, at a smoke scale.
+
+SFT on 8 demos in one step, rung 0 on 4 dev rows and 1 held-out row per file with 2 samples,
+one RL step per rung and seed, 2 held-out rows per file, results written to a temporary
+BENCH_RESULTS_DIR (never over bench/RESULTS.md). About 6 minutes on 2 cores; needs the .venv of
+scripts/setup_cpu.sh, which the script calls first and which returns at once when installed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PROOF = REPO / "scripts" / "learning_proof_cpu.sh"
+
+
+@pytest.mark.slow
+def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
+    if not (REPO / ".venv" / "bin" / "python").exists():
+        pytest.skip("needs the .venv of scripts/setup_cpu.sh")
+    out, bench = tmp_path / "lp", tmp_path / "bench"
+    bench.mkdir()
+    env = {**os.environ, "OUT": str(out), "BENCH_RESULTS_DIR": str(bench), "SEEDS": "1", "QA_STEPS": "1", "STEPS": "1",
+           "SFT_DEMOS": "8", "SFT_BATCH": "8", "QA_PROMPTS": "2", "PROMPTS": "2", "SOLVER_N": "2", "PASSK": "2",
+           "PASSK_LIMIT": "1", "DEV_ROWS": "4", "EVAL_LIMIT": "2",
+           "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
+    r = subprocess.run(["bash", str(PROOF)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=1500)
+    (tmp_path / "proof.log").write_text(r.stdout)
+    assert r.returncode == 0, r.stdout[-6000:]
+
+    # the dev split is cut from the QA rows and kept apart from what rung 1 trains on
+    dev = [json.loads(x) for x in (out / "qa_dev.jsonl").read_text().splitlines()]
+    train = {json.loads(x)["question"] for x in (out / "qa_train.jsonl").read_text().splitlines()}
+    assert len(dev) == 4 and not ({d["question"] for d in dev} & train)
+    assert {d["data_source"] for d in dev} == {"wiki_desc_dev"}
+
+    # each rung trained from the one SFT start, with its own game
+    qa_cfg = json.loads((out / "qa_seed1" / "config.json").read_text())
+    ssp_cfg = json.loads((out / "seed1" / "config.json").read_text())
+    assert qa_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"] == str(out / "sft" / "hf")
+    assert qa_cfg["selfplay"]["self_play_enable"] is False and ssp_cfg["selfplay"]["self_play_enable"] is True
+    qa_steps = [json.loads(x) for x in (out / "qa_seed1" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("train/solver_tokens", 0) > 0 and m.get("train/proposer_tokens", 1) == 0 for m in qa_steps)
+
+    # every rung reported, into the temporary results, not bench/
+    keys = json.loads((bench / "results.json").read_text())
+    for k in ("learning.sft_passk_gap", "learning.sft_passk_gap_heldout", "learning_qa.solver_acc_gain",
+              "learning_qa.seed_std", "learning.solver_acc_gain"):
+        assert k in keys, k
+    md = (bench / "RESULTS.md").read_text()
+    assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning"))
+    assert (bench / "learning_proof.png").stat().st_size > 10_000
+    stages = {line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()}
+    assert {"sft", "eval_sft", "headroom", "rl_qa", "eval_qa_step1", "rl", "eval_step1"} <= stages
+
+    # a second call finds everything done and only re-reports
+    again = subprocess.run(["bash", str(PROOF)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-4000:]
+    assert "SFT cold start: skipped" in again.stdout and "RL up to step" not in again.stdout
