@@ -168,7 +168,7 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
 def headroom(out: Path, k: int) -> tuple[dict, str]:
     """Rung 0: the SFT model's greedy EM against its pass@K, on the dev split and on a held-out slice."""
     hint = f"run scripts/learning_proof_cpu.sh with rung 0 (RUNGS=\"0 ...\", PASSK={k}) first"
-    rows, keys = [], {}
+    rows, keys, gaps = [], {}, {}
     for split, greedy_dir, passk_dir, key in (("dev split (training distribution)", "eval_sft_dev", "passk_dev",
                                                "sft_passk_gap"),
                                               ("held-out slice", "eval_sft_slice", "passk_slice", "sft_passk_gap_heldout")):
@@ -180,14 +180,15 @@ def headroom(out: Path, k: int) -> tuple[dict, str]:
             rows.append([split if src == "overall" else f"  {src}", pp["n"], f"{100 * gg['em']:.1f}",
                          f"{100 * pp[f'mean@{k}']:.1f}", f"{pk:.1f}", f"{pk - 100 * gg['em']:+.1f}"])
             if src == "overall":
-                keys[f"learning.{key}"] = round(pk - 100 * gg["em"], 2)
+                gaps[key] = pk - 100 * gg["em"]
+                keys[f"learning.{key}"] = round(gaps[key], 2)
     table = md_table(["set", "questions", "greedy EM %", f"mean@{k} %", f"pass@{k} %", f"pass@{k} - greedy (pts)"], rows)
     md = (f"Rung 0: headroom of the SFT start. RL on a sampled policy mostly turns pass@k into pass@1, so pass@{k} "
           f"(temperature 1, each sample its own multi-turn rollout with search) against greedy EM bounds what the RL "
           f"rungs can gain. The dev split holds QA rows of the training distribution that no RL run trains on; the "
           f"held-out slice is the first rows of each held-out file.\n\n{table}\n\n"
-          f"- **sft_passk_gap = {keys['learning.sft_passk_gap']:+.1f} points** on the dev split, "
-          f"{keys['learning.sft_passk_gap_heldout']:+.1f} on the held-out slice.\n")
+          f"- **sft_passk_gap = {gaps['sft_passk_gap']:+.1f} points** on the dev split, "
+          f"{gaps['sft_passk_gap_heldout']:+.1f} on the held-out slice.\n")
     return keys, md
 
 
