@@ -15,7 +15,7 @@
 #   7. bench/learning_proof.py: one plot of both RL rungs (bench/learning_proof.png), the sections
 #      learning_headroom, learning_qa and learning of bench/RESULTS.md, their keys in bench/results.json
 #
-#   bash scripts/learning_proof_cpu.sh                       # rungs 0-2, 3 seeds, 20 steps per RL rung
+#   bash scripts/learning_proof_cpu.sh                       # rungs 0-2, 3 seeds (the measured run)
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint, so
@@ -38,8 +38,8 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
 RUNGS=${RUNGS:-"0 1 2"}
 SEEDS=${SEEDS:-"1 2 3"}
-QA_STEPS=${QA_STEPS:-"20"}     # rung 1 milestones: held-out eval at each
-STEPS=${STEPS:-"20"}           # rung 2 milestones
+QA_STEPS=${QA_STEPS:-"15"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores)
+STEPS=${STEPS:-"10"}           # rung 2 milestones (~75 s a step: about rung 1's wall time)
 SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-5e-5}
 QA_PROMPTS=${QA_PROMPTS:-8}    # rung 1: fixed QA questions per step
@@ -48,7 +48,7 @@ SOLVER_N=${SOLVER_N:-8}        # G_s, both rungs
 MINI=${MINI:-2}                # --ppo_mini_batches
 FORMAT_PENALTY=${FORMAT_PENALTY:--1}
 PASSK=${PASSK:-8}
-PASSK_LIMIT=${PASSK_LIMIT:-50}
+PASSK_LIMIT=${PASSK_LIMIT:-30}
 DEV_ROWS=${DEV_ROWS:-200}
 EVAL_LIMIT=${EVAL_LIMIT:-}      # empty = every held-out row (the protocol); a number = the first N of each file (smoke tests)
 NAME=${NAME:-learning}   # rung 2's RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
