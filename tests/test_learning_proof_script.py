@@ -19,6 +19,7 @@ PROOF = REPO / "scripts" / "learning_proof_cpu.sh"
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # .ci/run's --timeout 900 is per test; this one runs eight stages of the real script
 def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     if not (REPO / ".venv" / "bin" / "python").exists():
         pytest.skip("needs the .venv of scripts/setup_cpu.sh")
