@@ -17,8 +17,9 @@ from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
 # BENCH_RESULTS_DIR sends a run's results elsewhere (a smoke test must not overwrite the measured ones)
-RESULTS_JSON = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR)) / "results.json"
-RESULTS_MD = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR)) / "RESULTS.md"
+_RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR))
+RESULTS_JSON = _RESULTS_DIR / "results.json"
+RESULTS_MD = _RESULTS_DIR / "RESULTS.md"
 _HEADER = (
     "# Benchmark results\n\n"
     "Written by the scripts in `bench/`; each section is replaced when its script runs again.\n"

@@ -478,8 +478,7 @@ def _mean(xs: Sequence[float]) -> float:
 def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:
     counts = Counter(r for r in reasons if r is not None)
     checked = [v for v in verdict.values() if v is not None]
-    fresh = [t for t in sols if t.info["meta"].get("source", "proposer" if t.info["meta"]["proposer"] is not None
-                                                   else "pool") == "proposer"]
+    fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
     s = {
         "game/proposer_trajs": len(props),
         "game/valid_rate": _mean([float(r is None) for r in reasons]),

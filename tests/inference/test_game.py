@@ -143,7 +143,8 @@ def _proposer(question, answer, docs, queries, row, stop="question", n=2):
 
 def _solver(question, answer, response, proposer, gid):
     return Trajectory("solver", gid, [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question=question, answer=answer,
-                      response_text=response, info={"meta": {"proposer": proposer, "from_pool": proposer is None}})
+                      response_text=response, info={"meta": {"proposer": proposer, "from_pool": proposer is None,
+                                                           "source": "pool" if proposer is None else "proposer"}})
 
 
 @pytest.fixture(scope="module")
