@@ -12,6 +12,9 @@ Batch-wide statistics (REINFORCE++, the EMA baseline, GAE whitening) are summed
 across data-parallel ranks with `all_reduce` (a callable that sums a tensor in
 place), or with torch.distributed when it is initialised and `all_reduce` is None.
 Group statistics (GRPO, RLOO) stay local: a group's samples live on one rank.
+All statistics are taken in float64 and a group whose rewards are all equal gets
+exactly 0: float32 sums of 16 x 0.9 missed the mean by 1e-7, which GRPO's std
+division blew up to an advantage of 0.1. Outputs are float32.
 
 The single-sample case matters here: with one proposer rollout per prompt
 (G_p = 1) a group has one member and group baselines carry no information. Each
@@ -38,6 +41,10 @@ class AdvantageOutput:
     advantages: torch.Tensor          # (N, T) float32, 0 where loss_mask is 0
     returns: torch.Tensor             # (N, T) value targets (GAE) or the broadcast reward
     state: dict | None = None         # new estimator state (EMA baseline); store it in the checkpoint
+
+    def __post_init__(self):          # statistics run in float64; callers get float32
+        self.advantages = self.advantages.float()
+        self.returns = self.returns.float()
 
 
 def register(name: str):
@@ -69,7 +76,7 @@ def _all_reduce_sum(x: torch.Tensor, all_reduce: AllReduce | None) -> torch.Tens
 
 
 def _check(rewards: torch.Tensor, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    rewards = torch.as_tensor(rewards, dtype=torch.float32)
+    rewards = torch.as_tensor(rewards, dtype=torch.float64)
     mask = torch.as_tensor(loss_mask)
     if rewards.ndim != 1:
         raise ValueError(f"rewards must be one scalar per sequence, shape (N,), got {tuple(rewards.shape)}")
@@ -90,15 +97,20 @@ def _group_index(group_ids: Sequence[Hashable], n: int) -> tuple[torch.Tensor, i
 
 
 def _group_stats(rewards: torch.Tensor, group_ids: Sequence[Hashable]):
-    """Per-sequence group mean, unbiased group std and group size (vectorised with scatter_add)."""
-    idx, g = _group_index(group_ids, rewards.shape[0])
-    idx = idx.to(rewards.device)
-    count = torch.zeros(g, device=rewards.device).scatter_add_(0, idx, torch.ones_like(rewards))
-    total = torch.zeros(g, device=rewards.device).scatter_add_(0, idx, rewards)
+    """Per-sequence group mean, unbiased group std, group size and whether the group is flat (all
+    rewards equal), in float64 (vectorised with scatter_add)."""
+    r = rewards.double()
+    idx, g = _group_index(group_ids, r.shape[0])
+    idx = idx.to(r.device)
+    zeros = torch.zeros(g, dtype=torch.float64, device=r.device)
+    count = zeros.clone().scatter_add_(0, idx, torch.ones_like(r))
+    total = zeros.clone().scatter_add_(0, idx, r)
     mean = total / count
-    sq = torch.zeros(g, device=rewards.device).scatter_add_(0, idx, (rewards - mean[idx]) ** 2)
+    sq = zeros.clone().scatter_add_(0, idx, (r - mean[idx]) ** 2)
     std = torch.sqrt(sq / (count - 1).clamp(min=1))          # unbiased, like torch.std
-    return mean[idx], std[idx], count[idx]
+    hi = zeros.clone().scatter_reduce_(0, idx, r, "amax", include_self=False)
+    lo = zeros.clone().scatter_reduce_(0, idx, r, "amin", include_self=False)
+    return mean[idx], std[idx], count[idx], (hi == lo)[idx]
 
 
 def _warn_singletons(name: str, size: torch.Tensor, what: str) -> None:
@@ -128,9 +140,9 @@ def grpo(*, rewards, loss_mask, group_ids, eps: float = 1e-6, **_) -> AdvantageO
     baseline at all); a warning names how many groups were singletons.
     """
     r, mask = _check(rewards, loss_mask)
-    mean, std, size = _group_stats(r, group_ids)
+    mean, std, size, flat = _group_stats(r, group_ids)
     _warn_singletons("grpo", size, "advantage 0")
-    adv = torch.where(size > 1, (r - mean) / (std + eps), torch.zeros_like(r))
+    adv = torch.where((size > 1) & ~flat, (r - mean) / (std + eps), torch.zeros_like(r))
     return AdvantageOutput(_broadcast(adv, mask), _broadcast(r, mask))
 
 
@@ -139,12 +151,13 @@ def grpo_no_std(*, rewards, loss_mask, group_ids, **_) -> AdvantageOutput:
     """Group mean baseline without the std division (Dr. GRPO): A_i = r_i - mean_g.
 
     Paper: https://arxiv.org/abs/2503.20783 (removes the std's difficulty bias).
+    A group with identical rewards gives exactly 0.
     Singleton group: advantage 0 (the sample is its own baseline), with a warning.
     """
     r, mask = _check(rewards, loss_mask)
-    mean, _, size = _group_stats(r, group_ids)
+    mean, _, size, flat = _group_stats(r, group_ids)
     _warn_singletons("grpo_no_std", size, "advantage 0")
-    adv = torch.where(size > 1, r - mean, torch.zeros_like(r))
+    adv = torch.where((size > 1) & ~flat, r - mean, torch.zeros_like(r))
     return AdvantageOutput(_broadcast(adv, mask), _broadcast(r, mask))
 
 
@@ -153,19 +166,22 @@ def rloo(*, rewards, loss_mask, group_ids, **_) -> AdvantageOutput:
     """REINFORCE leave-one-out: A_i = r_i - mean_{j != i} r_j = n/(n-1) (r_i - mean_g).
 
     Paper: https://arxiv.org/abs/2402.14740 (Ahmadian et al., "Back to Basics").
+    A group with identical rewards gives exactly 0.
     Undefined for n = 1 (no other sample to form the baseline): such sequences get
     advantage 0, with a warning.
     """
     r, mask = _check(rewards, loss_mask)
-    mean, _, size = _group_stats(r, group_ids)
+    mean, _, size, flat = _group_stats(r, group_ids)
     _warn_singletons("rloo", size, "advantage 0 (leave-one-out is undefined for n=1)")
-    adv = torch.where(size > 1, (r - mean) * size / (size - 1).clamp(min=1), torch.zeros_like(r))
+    adv = torch.where((size > 1) & ~flat, (r - mean) * size / (size - 1).clamp(min=1), torch.zeros_like(r))
     return AdvantageOutput(_broadcast(adv, mask), _broadcast(r, mask))
 
 
 def _masked_global_whiten(x: torch.Tensor, mask: torch.Tensor, all_reduce, eps: float) -> torch.Tensor:
-    """(x - mean) / (std + eps) with token-weighted mean/var summed over all ranks."""
-    stats = torch.stack([(x * mask).sum(), (x * x * mask).sum(), mask.sum()]).double()
+    """(x - mean) / (std + eps) with token-weighted mean/var summed over all ranks, in float64 (so a
+    batch of equal values has exactly that mean and whitens to 0)."""
+    x, mask = x.double(), mask.double()
+    stats = torch.stack([(x * mask).sum(), (x * x * mask).sum(), mask.sum()])
     _all_reduce_sum(stats, all_reduce)
     s, sq, n = stats.tolist()
     if n == 0:
@@ -197,13 +213,16 @@ def reinforce_pp_baseline(*, rewards, loss_mask, group_ids, all_reduce: AllReduc
                           eps: float = 1e-6, **_) -> AdvantageOutput:
     """REINFORCE++-baseline: subtract the group mean, then normalise over the global batch.
 
+    A flat group (identical rewards) centres to exactly 0; whitening then shifts it by the batch
+    mean like every other token, so it is 0 only when the whole batch is flat.
+
     Singleton group: the group mean is the sample, so its advantage is 0 (with a
     warning); use plain "reinforce++" when groups have one member.
     """
     r, mask = _check(rewards, loss_mask)
-    mean, _, size = _group_stats(r, group_ids)
+    mean, _, size, flat = _group_stats(r, group_ids)
     _warn_singletons("reinforce++_baseline", size, "advantage 0")
-    centred = _broadcast(r - mean, mask)
+    centred = _broadcast(torch.where(flat, torch.zeros_like(r), r - mean), mask)
     return AdvantageOutput(_masked_global_whiten(centred, mask, all_reduce, eps), _broadcast(r, mask))
 
 

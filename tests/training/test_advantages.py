@@ -194,3 +194,105 @@ def test_registry_and_errors():
         compute_advantages("reinforce++", rewards=torch.tensor([float("nan")]), loss_mask=torch.ones(1, 2))
     with pytest.raises(ValueError, match="role_names"):
         compute_advantages("ema", rewards=torch.zeros(1), loss_mask=torch.ones(1, 2), roles=["critic"])
+
+
+# ----------------------------------------------------------------------------- flat groups (issue 19)
+
+GROUP_ESTIMATORS = ["grpo", "grpo_no_std", "rloo", "reinforce++_baseline"]
+FLAT = [(n, v) for n in (8, 16) for v in (0.1, 0.9, 0.64)]
+
+
+def _loop64(name: str, rewards: list[float], gids: list[str], eps: float = 1e-6) -> list[float]:
+    """Per-sequence advantage of a group estimator by a plain float64 loop (one token per sequence)."""
+    groups: dict[str, list[float]] = {}
+    for r, g in zip(rewards, gids):
+        groups.setdefault(g, []).append(r)
+    out = []
+    for r, g in zip(rewards, gids):
+        xs = groups[g]
+        n, mean = len(xs), sum(xs) / len(xs)
+        if n == 1:
+            out.append(0.0)
+        elif name == "grpo":
+            out.append((r - mean) / (statistics.stdev(xs) + eps))
+        elif name in ("grpo_no_std", "reinforce++_baseline"):
+            out.append(r - mean)
+        elif name == "rloo":
+            out.append(r - (sum(xs) - r) / (n - 1))
+    if name == "reinforce++_baseline":                   # then whitened over the batch
+        mean = sum(out) / len(out)
+        std = statistics.stdev(out) if len(out) > 1 else 0.0
+        out = [(x - mean) / (std + eps) for x in out]
+    return out
+
+
+@pytest.mark.parametrize("name", GROUP_ESTIMATORS)
+@pytest.mark.parametrize("n,value", FLAT)
+def test_flat_group_gets_exactly_zero(name, n, value):
+    """A group whose rewards are all equal carries no signal: advantage exactly 0 (float32 group means
+    once gave 16 x 0.9 an advantage of +0.106 under GRPO, and 8 x 0.9 one of -0.056)."""
+    rewards = torch.full((n,), value)
+    gids = ["q"] * n
+    mask = torch.ones(n, 3)
+    out = compute_advantages(name, rewards=rewards, loss_mask=mask, group_ids=gids)
+    want = _loop64(name, rewards.tolist(), gids)
+    assert want == [0.0] * n
+    assert out.advantages.dtype == torch.float32
+    assert torch.count_nonzero(out.advantages) == 0, out.advantages[:, 0].tolist()
+
+
+@pytest.mark.parametrize("name", ["grpo", "grpo_no_std", "rloo"])
+def test_flat_groups_beside_informative_ones_stay_zero(name):
+    g = torch.Generator().manual_seed(0)
+    rewards, gids = [], []
+    for k, (n, v) in enumerate(FLAT):
+        rewards += [v] * n + torch.rand(n, generator=g).tolist()
+        gids += [f"flat{k}"] * n + [f"mixed{k}"] * n
+    rewards = torch.tensor(rewards)
+    mask = torch.ones(len(gids), 2)
+    out = compute_advantages(name, rewards=rewards, loss_mask=mask, group_ids=gids)
+    flat = torch.tensor([gi.startswith("flat") for gi in gids])
+    assert torch.count_nonzero(out.advantages[flat]) == 0
+    want = torch.tensor(_loop64(name, rewards.tolist(), gids))
+    torch.testing.assert_close(out.advantages[:, 0], want.float(), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("n,value", FLAT)
+def test_reinforce_pp_flat_batch_is_zero(n, value):
+    """REINFORCE++'s docstring: a batch whose rewards are all equal gives 0 (its float32 batch sums
+    once gave 16 x 0.9 an advantage of 0.119)."""
+    out = compute_advantages("reinforce++", rewards=torch.full((n,), value), loss_mask=torch.ones(n, 3))
+    assert torch.count_nonzero(out.advantages) == 0, out.advantages[:, 0].tolist()
+
+
+def test_reinforce_pp_baseline_batch_of_flat_groups_is_zero():
+    """Every group flat (at different values): every centred reward is 0, so whitening has nothing to scale."""
+    rewards, gids = [], []
+    for k, (n, v) in enumerate(FLAT):
+        rewards += [v] * n
+        gids += [f"g{k}"] * n
+    out = compute_advantages("reinforce++_baseline", rewards=torch.tensor(rewards),
+                             loss_mask=torch.ones(len(gids), 3), group_ids=gids)
+    assert torch.count_nonzero(out.advantages) == 0, out.advantages[:, 0].tolist()
+
+
+@pytest.mark.parametrize("name", GROUP_ESTIMATORS)
+@pytest.mark.parametrize("seed", range(4))
+def test_group_estimators_match_float64_loop(name, seed):
+    """Random groups of 8 and 16 (shuffled, some flat) against the float64 loop, to float32 precision."""
+    g = random.Random(seed)
+    rewards, gids = [], []
+    for k in range(6):
+        n = g.choice([8, 16])
+        kind = g.choice(["rand", "binary", "flat"])
+        v = g.choice([0.1, 0.9, 0.64])
+        rewards += [g.random() if kind == "rand" else float(g.random() < 0.5) if kind == "binary" else v
+                    for _ in range(n)]
+        gids += [f"g{k}"] * n
+    order = list(range(len(gids)))
+    g.shuffle(order)
+    rewards = torch.tensor([rewards[i] for i in order])
+    gids = [gids[i] for i in order]
+    out = compute_advantages(name, rewards=rewards, loss_mask=torch.ones(len(gids), 1), group_ids=gids)
+    want = torch.tensor(_loop64(name, rewards.tolist(), gids), dtype=torch.float64)
+    torch.testing.assert_close(out.advantages[:, 0].double(), want, atol=1e-6, rtol=1e-5)
