@@ -89,9 +89,10 @@ def split_mini_batches(trajs, n: int, seed: int) -> list[list[int]]:
 
 
 def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_token_budget: int,
-               seed: int = 0) -> tuple[list[dict], int, int]:
-    """The clipped-surrogate update of one SSP step. Returns (per-micro-batch metrics, optimizer steps,
-    of which skipped for a non-finite loss or gradient norm on some rank).
+               seed: int = 0) -> tuple[dict[str, float], int, int]:
+    """The clipped-surrogate update of one SSP step. Returns (this rank's metrics of the SSP step,
+    see `reduce_step_metrics`; optimizer steps; of which skipped for a non-finite loss or gradient
+    norm on some rank).
 
     algo: training.config.AlgoArgs. `update_mode` combined = both roles in one optimizer step,
     sequential = the proposer's step, then the solver's. `ppo_epochs` x `ppo_mini_batches`
@@ -101,7 +102,7 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
     from training.loss import count_normaliser, policy_loss
 
     roles = [None] if algo.update_mode == "combined" else ["proposer", "solver"]
-    metrics: list[dict] = []
+    steps: list[tuple[int, list[dict]]] = []     # (epoch, micro-batch metrics) per optimizer step
     n_steps = n_skipped = 0
     engine.train()
     for epoch in range(algo.ppo_epochs):
@@ -131,7 +132,7 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                         tis_cap=algo.tis_cap or None, on_nonfinite="skip")
 
                 mb_metrics = accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True)
-                metrics += mb_metrics
+                steps.append((epoch, mb_metrics))
                 n_steps += 1
                 if skip_together(engine, mb_metrics):
                     n_skipped += 1
@@ -145,7 +146,32 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                     print0(f"update: NON-FINITE gradient norm ({gn}) from finite losses; DeepSpeed skipped this "
                            "optimizer step on every rank (actor/skipped_steps; --max_nonfinite_steps stops the run "
                            "after that many in a row)")
-    return metrics, n_steps, n_skipped
+    return reduce_step_metrics(steps), n_steps, n_skipped
+
+
+def reduce_step_metrics(steps: list[tuple[int, list[dict]]]) -> dict[str, float]:
+    """One SSP step's metrics on this rank from its optimizer steps, [(epoch, micro-batch metrics)].
+
+    "*_loss": the mean over optimizer steps of each step's loss (this rank's share of it; the trainer
+    sums the shares over ranks): a sum over steps grew with ppo_epochs x ppo_mini_batches.
+    "actor/num_tokens": the tokens of one pass over the step's trajectories (the largest epoch
+    total: a non-finite micro-batch reports none), not once per epoch. The rest as
+    training.loss.reduce_metrics over every micro-batch of every step."""
+    from training.loss import reduce_metrics
+
+    if not steps:
+        return {}
+    out = reduce_metrics([m for _, mbs in steps for m in mbs])
+    per_step = [reduce_metrics(mbs) for _, mbs in steps]
+    for k in [k for k in out if k.endswith("_loss")]:
+        # a step without the key (all its micro-batches non-finite) contributed a zero loss
+        out[k] = sum(s.get(k, 0.0) for s in per_step) / len(per_step)
+    if "actor/num_tokens" in out:
+        per_epoch: dict[int, float] = {}
+        for (epoch, _), s in zip(steps, per_step):
+            per_epoch[epoch] = per_epoch.get(epoch, 0.0) + s.get("actor/num_tokens", 0.0)
+        out["actor/num_tokens"] = max(per_epoch.values())
+    return out
 
 
 def skip_together(engine, mb_metrics: list[dict]) -> bool:

@@ -59,3 +59,20 @@ def test_the_check_catches_a_forward_that_bypasses_the_engine(tiny_model_dir, tm
     micro-batch's gradient; the same assertions must fail on it."""
     res = _run(tiny_model_dir, tmp_path, 2, "--bypass=forward")
     assert res["grad_rl_rel_err"] > 0.1 and res["grad_sft_rel_err"] > 0.1 and res["sgd_rel_err"] > 0.1, res
+
+
+def test_ppo_epochs_log_the_mean_loss_per_optimizer_step(tiny_model_dir, tmp_path):
+    """2 epochs x 2 mini-batches (4 optimizer steps; in sequential mode one per role present in a
+    mini-batch) at lr 0, where every optimizer step's loss equals that of one combined step: the
+    logged losses are the per-step mean (they were the sum over steps) and num_tokens counts the
+    step's tokens once (it was counted once per epoch)."""
+    res = _run(tiny_model_dir, tmp_path, 1, "--phase=epochs")
+    assert res["moved"] == 0.0, res
+    one = res["single"]
+    assert one["actor/optimizer_steps"] == 1 and one["actor/pg_loss"] != 0 and one["actor/kl_loss"] > 0, one
+    assert res["epochs"]["actor/optimizer_steps"] == 4 and res["sequential"]["actor/optimizer_steps"] > 4, res
+    for name in ("epochs", "sequential"):
+        m = res[name]
+        assert m["actor/num_tokens"] == one["actor/num_tokens"], (name, m["actor/num_tokens"], one["actor/num_tokens"])
+        for k in ("actor/pg_loss", "actor/kl_loss", "actor/entropy_loss"):
+            assert m[k] == pytest.approx(one[k], rel=1e-5, abs=1e-7), (name, k, m[k], one[k])

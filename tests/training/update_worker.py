@@ -2,6 +2,7 @@
 against plain torch on the whole batch (an independent reference, not another run of our code).
 
     torchrun --nproc_per_node {1,2} tests/training/update_worker.py MODEL_DIR OUT.json [--bypass=forward|scale]
+        [--phase=epochs]
 
 Phases, each at weights gathered from the engine so the reference sees exactly the same model:
   grad_rl   accumulate() of the clipped-surrogate loss over several micro-batches per rank
@@ -11,12 +12,17 @@ Phases, each at weights gathered from the engine so the reference sees exactly t
   nan       a NaN advantage on the last rank only: every rank skips that optimizer step, and the next
             step is exactly the whole batch's SGD step again (no stale gradient leaks into it)
 
+--phase=epochs runs only this (the others are skipped):
+  epochs    what SSPTrainer.update logs at lr 0 for 2 PPO epochs x 2 mini-batches (combined and
+            sequential) against one combined optimizer step on the same trajectories
+
 --bypass=forward runs the forward through engine.module (the code before the fix) and --bypass=scale
 leaves DeepSpeed's averaging over ranks uncompensated: the test must see both.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -99,6 +105,47 @@ def rel_err(got: dict, want: dict) -> float:
     return (num / den) ** 0.5
 
 
+def epochs_phase(engine, ref, base, cfg) -> dict:
+    """The metrics SSPTrainer.update logs for several optimizer steps per SSP step, at lr 0.
+
+    Every (role, group) holds copies of the same two sequences, so every mini-batch (and each role's
+    share) has the whole batch's per-token make-up: at lr 0 each optimizer step's pg/kl/entropy loss
+    equals that of one combined step over everything, and so must the logged per-step mean."""
+    from types import SimpleNamespace
+
+    from training.trainer import SSPTrainer
+
+    for group in engine.optimizer.param_groups:
+        group["lr"] = 0.0
+    pair = base[:2]
+    with torch.no_grad():
+        lp = [reference_logprobs(ref, t) for t in pair]
+    g = torch.Generator().manual_seed(3)
+    old1 = [x + 0.3 * torch.randn(x.shape, generator=g) for x in lp]      # ratios away from 1: clipping acts
+    ref1 = [x + 0.1 * torch.randn(x.shape, generator=g) for x in lp]      # a non-zero KL
+    adv1 = [torch.full(x.shape, a) for x, a in zip(lp, (0.7, -1.3))]
+    trajs, adv, old, ref_lp = [], [], [], []
+    for role in ("proposer", "solver"):
+        for k in range(4):
+            for t, a, o, r in zip(pair, adv1, old1, ref1):
+                trajs.append(dataclasses.replace(t, role=role, group_id=f"{role}{k}", info={}))
+                adv.append(a)
+                old.append(o)
+                ref_lp.append(r)
+    cfg.optimisation.micro_token_budget = 64
+    trainer = SimpleNamespace(actor=engine, cfg=cfg, step=0)
+    trainer._mean_over_ranks = lambda m: SSPTrainer._mean_over_ranks(trainer, m)
+    w0 = gathered(engine)
+    res = {}
+    for name, kw in {"single": {}, "epochs": dict(ppo_epochs=2, ppo_mini_batches=2),
+                     "sequential": dict(ppo_epochs=2, ppo_mini_batches=2, update_mode="sequential")}.items():
+        cfg.algorithm = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, kl_coef=0.1, entropy_coef=0.05, **kw)
+        res[name] = SSPTrainer.update(trainer, trajs, adv, old, ref_lp)
+    w1 = gathered(engine)
+    res["moved"] = max(float((w1[k] - w0[k]).abs().max()) for k in w0)
+    return res
+
+
 def main() -> None:
     import deepspeed
     from transformers import AutoModelForCausalLM
@@ -142,6 +189,11 @@ def main() -> None:
         return w
 
     trajs = make_trajs(ref.config.vocab_size)
+    if "--phase=epochs" in sys.argv:
+        res = epochs_phase(engine, ref, trajs, cfg)
+        if rank == 0:
+            out_path.write_text(json.dumps(res, indent=2))
+        return
     # rank 0 gets 7 trajectories, rank 1 one: rank 1 runs out of micro-batches first and is padded last
     mine_idx = list(range(8)) if world == 1 else (list(range(7)) if rank == 0 else [7])
     mine = [trajs[i] for i in mine_idx]
