@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 import os
 import random
 import re
@@ -139,6 +140,62 @@ def kv_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
     kv_heads = cfg.get("num_key_value_heads") or heads
     width = {"float32": 4, "float": 4, "float64": 8}.get(dtype, 2)
     return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * width
+
+
+# Set to 1 (tests do) to give vLLM on CPU a GPU's sleep semantics: a level-2 sleep overwrites
+# every weight with NaN, a level-1 sleep does too and restores them on wake-up (VLLMEngine.sleep).
+SLEEP_EMULATION_ENV = "SSP_EMULATE_GPU_SLEEP"
+
+
+def checkpoint_tensor_specs(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
+    """{HF name: (shape, safetensors dtype)} of a local safetensors folder, from the headers only; None if not local."""
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    specs = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for k in fh.keys():
+                sl = fh.get_slice(k)
+                specs[k] = (tuple(sl.get_shape()), sl.get_dtype())
+    return specs
+
+
+class _OmittedLayerFilter(logging.Filter):
+    """Drops vLLM's "<Layer>: Failed to load weights" while one of our partial reloads runs.
+
+    Every reload_weights call walks the whole model and warns for each layer it was not given,
+    then puts that layer's current tensors back. A bucketed sync leaves out, in each call, the
+    layers other buckets carry, and a top-layers sync leaves out the frozen ones: both are right
+    as long as vLLM still holds those layers. Whether it does is checked by the engine itself
+    (`VLLMEngine._unsent`, an error at generate() after a level-2 sleep), not by reading this log.
+    """
+
+    MSG = "%s: Failed to load weights"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg == self.MSG:
+            self.dropped += 1
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _quiet_partial_reload():
+    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    f = _OmittedLayerFilter()
+    log.addFilter(f)
+    try:
+        yield f
+    finally:
+        log.removeFilter(f)
 
 
 @contextlib.contextmanager
@@ -283,9 +340,11 @@ class VLLMEngine:
     On CPU: vLLM needs an explicit KV budget or start-up fails on "available memory";
     kv_cache_memory_bytes=None sizes it for 4 sequences of max_model_len (>= 64 MiB). More
     concurrent tokens than fit are queued by vLLM, not dropped. Sleep mode does not exist
-    on CPU, so sleep()/wake_up() do nothing there.
-    On CUDA: sleep mode is enabled, sleep() is level 2 (weights are re-sent anyway) and
-    wake_up() restores weights first, then the KV cache.
+    on CPU, so sleep()/wake_up() do nothing there, unless emulate_sleep (or SSP_EMULATE_GPU_SLEEP=1)
+    makes them behave as on a GPU, through vLLM's own reload path: see sleep().
+    On CUDA: sleep mode is enabled. sleep(level=1) offloads the weights to host memory and
+    wake_up() restores them; sleep(level=2) discards them, and generate() refuses to run until
+    every weight was sent again (the names come from the checkpoint, or from expect_weights()).
 
     Several engines may live in one process: dropping one leaves vLLM's shared process groups
     (and the caller's torch.distributed group) to the others (_SharedCoreShutdown).
@@ -310,6 +369,7 @@ class VLLMEngine:
         enable_sleep_mode: bool | None = None,
         enable_prefix_caching: bool = True,
         block_size: int | None = None,
+        emulate_sleep: bool | None = None,
         **llm_kwargs: Any,
     ) -> None:
         # Multiprocessing mode ships tensors through collective_rpc as lists; in-process keeps them tensors.
@@ -363,6 +423,19 @@ class VLLMEngine:
         _share_inproc_core(self.llm, pg_existed)
         self.sleep_enabled = bool(enable_sleep_mode)
         self.sleeping = False
+        self.sleep_level = 0
+        if emulate_sleep is None:
+            emulate_sleep = os.environ.get(SLEEP_EMULATION_ENV, "") not in ("", "0")
+        self.emulate_sleep = bool(emulate_sleep) and self.is_cpu
+        self.model_dir = Path(model_dir)
+        self._specs = checkpoint_tensor_specs(model_dir)
+        if self.emulate_sleep and self._specs is None:
+            raise ValueError(f"emulated sleep needs a local safetensors folder to know every weight; {model_dir} is not one")
+        self.weight_names: set[str] | None = set(self._specs) if self._specs else None
+        self._unsent: set[str] = set()     # weights discarded by a level-2 sleep and not sent since
+        self._asleep: set[str] = set()     # emulation: tags ("weights", "kv_cache") still asleep
+        self._latest: dict[str, Any] = {}  # emulation: every weight sent so far (the host copy level 1 keeps)
+        self._host_backup: dict[str, Any] | None = None
         self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
 
@@ -373,6 +446,14 @@ class VLLMEngine:
 
         if not prompts:
             return []
+        if self.sleeping:
+            raise RuntimeError("VLLMEngine.generate() while asleep: call wake_up() first")
+        if self._unsent:
+            missing = sorted(self._unsent)
+            raise RuntimeError(
+                f"vLLM discarded its weights in a level-2 sleep and {len(missing)} were not sent again "
+                f"(e.g. {missing[:3]}): generation would read garbage. Send every weight after a level-2 "
+                f"sleep, or sleep at level 1 (weights kept in host memory) when some are never re-sent")
         samplings = per_prompt_sampling(sampling, len(prompts))
         params = [
             SamplingParams(
@@ -421,32 +502,79 @@ class VLLMEngine:
         weights = [(n, t) for n, t in named_tensors]
         if not weights:
             return
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        self._reload(weights)
+        self._unsent.difference_update(n for n, _ in weights)
+        if self.emulate_sleep:  # what a GPU's level-1 sleep would offload: the weights as last sent
+            self._latest.update((n, t.detach().to("cpu", copy=True)) for n, t in weights)
+
+    def _reload(self, weights: list[tuple[str, Any]]) -> None:
+        with _quiet_partial_reload():
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.is_cpu and any("embed_tokens" in n for n, _ in weights):
             self.llm.collective_rpc(_repack_tied_lm_head)
+
+    def expect_weights(self, names: Iterable[str]) -> None:
+        """The HF names a sync after a level-2 sleep must cover (the trainer's actor names); a local
+        checkpoint already gives them, a hub id does not."""
+        self.weight_names = set(names)
 
     def reset_prefix_cache(self) -> None:
         # Without this, prompts longer than one KV block reuse KV computed with the old weights.
         self.llm.reset_prefix_cache()
 
     # --- memory -------------------------------------------------------------------------------
-    def sleep(self) -> None:
-        """Free the GPU for training: level 2 drops weights and KV cache. No-op on CPU."""
-        if self.sleep_enabled and not self.sleeping:
-            self.llm.sleep(level=2)
-            self.sleeping = True
+    def sleep(self, level: int = 2) -> None:
+        """Free the GPU for training. Level 1 offloads the weights to host memory (restored by
+        wake_up); level 2 discards them, and every weight must be sent again before generate().
+        Both drop the KV cache. No-op on CPU, unless emulated: then level 2 overwrites every
+        weight with NaN through vLLM's reload path (what a GPU leaves there), and level 1 does
+        the same after keeping the weights as last sent, which wake_up puts back. So a weight a
+        sync leaves out turns the next rollout's log-probs non-finite on CPU, as on a GPU."""
+        if level not in (1, 2):
+            raise ValueError(f"vLLM sleep level must be 1 or 2, got {level}")
+        if self.sleeping or not (self.sleep_enabled or self.emulate_sleep):
+            return
+        if self.sleep_enabled:
+            self.llm.sleep(level=level)
+        else:
+            self._host_backup = self._weights_as_sent() if level == 1 else None
+            self._poison()
+            self.llm.reset_prefix_cache()
+            self._asleep = {"weights", "kv_cache"}
+        self.sleeping, self.sleep_level = True, level
+        if level == 2 and self.weight_names:
+            self._unsent = set(self.weight_names)
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        """Re-allocate memory; tags=None wakes weights first, then the KV cache. No-op on CPU.
-
-        After a level-2 sleep the weights are garbage until update_weights() is called; the
-        hybrid engine does wake_up(["weights"]), update_weights(...), wake_up(["kv_cache"]).
-        """
-        if not self.sleep_enabled or not self.sleeping:
+        """Re-allocate memory; tags=None wakes weights first, then the KV cache. No-op on CPU
+        unless emulated. The hybrid engine does wake_up(["weights"]), sync, wake_up(["kv_cache"])."""
+        if not self.sleeping:
             return
-        for tag in (tags or ("weights", "kv_cache")):
-            self.llm.wake_up(tags=[tag])
-        self.sleeping = bool(self.llm.llm_engine.is_sleeping())
+        tags = list(tags or ("weights", "kv_cache"))
+        if self.sleep_enabled:
+            for tag in tags:
+                self.llm.wake_up(tags=[tag])
+            self.sleeping = bool(self.llm.llm_engine.is_sleeping())
+            return
+        if "weights" in tags and "weights" in self._asleep and self._host_backup is not None:
+            self._reload(list(self._host_backup.items()))  # level 1: the offloaded copy comes back
+            self._host_backup = None
+        self._asleep.difference_update(tags)
+        self.sleeping = bool(self._asleep)
+
+    def _weights_as_sent(self) -> dict[str, Any]:
+        from safetensors.torch import load_file
+
+        out: dict[str, Any] = {}
+        for f in sorted(self.model_dir.glob("*.safetensors")):
+            out.update(load_file(str(f)))
+        out.update(self._latest)
+        return out
+
+    def _poison(self) -> None:
+        import torch
+
+        self._reload([(n, torch.full(shape, float("nan"))) for n, (shape, _) in self._specs.items()])
 
 
 class HFEngine:
@@ -466,6 +594,7 @@ class HFEngine:
         dtype: str = "float32",
         device: str = "cpu",
         batch_size: int = 16,
+        max_model_len: int | None = None,
     ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -485,7 +614,7 @@ class HFEngine:
         self.model.eval()
         self.device = next(self.model.parameters()).device
         self.batch_size = batch_size
-        self.max_model_len = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 4096))
         # vLLM stops on the tokenizer's EOS and on every eos id of generation_config; do the same.
         eos: set[int] = set()
         for src_ids in (tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
@@ -591,7 +720,15 @@ class HFEngine:
                     raise KeyError(f"update_weights: the model has no parameter {name!r}")
                 params[name].copy_(t.to(params[name].device, params[name].dtype))
 
-    def sleep(self) -> None:  # nothing to free: the reference engine owns no cache between calls
+    load_weights = update_weights  # the hybrid engine's per-bucket call: a copy needs no finishing step
+
+    def reset_prefix_cache(self) -> None:  # no cache outlives a generate() call
+        pass
+
+    def expect_weights(self, names: Iterable[str]) -> None:  # weights are never discarded here
+        pass
+
+    def sleep(self, level: int = 2) -> None:  # keeps its weights: a partial sync is always safe
         pass
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:

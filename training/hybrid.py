@@ -3,8 +3,10 @@
 generate mode: wake vLLM's weights, stream the actor's ZeRO-3 shards into it one
                decoder layer at a time (GatheredParameters -> reload_weights), wake the
                KV cache, reset the prefix cache.
-train mode:    put vLLM to sleep (level 2 on GPU: weights are re-sent at the next sync
-               anyway; a no-op on CPU, where vLLM has no sleep mode).
+train mode:    put vLLM to sleep: level 2 (weights discarded) when the next sync re-sends
+               every weight, level 1 (weights kept in host memory) when it leaves frozen
+               ones out (--train_top_layers). A no-op on CPU, where vLLM has no sleep mode,
+               unless SSP_EMULATE_GPU_SLEEP=1 gives it a GPU's semantics (the tests do).
 
 Rules learned by breaking them (PLATFORM.md): torch.distributed is initialised before
 vLLM; a bucket never splits a fused q/k/v or gate/up group (so: one decoder layer per
@@ -17,6 +19,7 @@ from __future__ import annotations
 import time
 
 from inference.engines import _LAYER_RE, group_by_layer
+from utils.logging import print0
 
 
 class HybridEngine:
@@ -26,6 +29,19 @@ class HybridEngine:
         self.bucket_mb = bucket_mb    # gathered weights per reload call (0 = one decoder layer per call)
         self.mode = "generate"        # vLLM starts awake, holding the initial weights
         self.last_sync_s = 0.0
+        names = [n for n, _ in actor.module.named_parameters()]
+        self.llm.expect_weights(names)  # what a sync after a level-2 sleep must cover
+        frozen = sum(not p.requires_grad for p in actor.module.parameters())
+        # Frozen weights are never re-sent (_buckets). After a level-2 sleep vLLM would hold garbage
+        # in their place, so sleep at level 1 then: vLLM keeps its weights in host memory and puts
+        # them back on wake. The alternative, re-sending everything after a level-2 sleep, costs an
+        # all-gather of every frozen ZeRO-3 partition plus vLLM's reload of it each step, growing with
+        # the frozen share (most of the model), while level 1 costs one host round trip of vLLM's
+        # weights (PCIe, about a second for 7B bf16) and their size in host RAM per GPU.
+        self.sleep_level = 1 if frozen else 2
+        print0(f"hybrid engine: the rollout engine sleeps at level {self.sleep_level} "
+               + (f"(weights kept in host memory: {frozen} frozen tensors are never re-sent)" if frozen
+                  else "(weights discarded: every weight is re-sent at each sync)"))
 
     def sync_weights(self) -> float:
         """Push the actor's current weights into the generation engine. Collective.
@@ -78,5 +94,5 @@ class HybridEngine:
 
     def to_train(self) -> None:
         if self.mode != "train":
-            self.llm.sleep()
+            self.llm.sleep(level=self.sleep_level)
             self.mode = "train"
