@@ -114,6 +114,9 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
           if world else "world size: unknown (not started by a launcher): --vllm_tp / --prompts_per_step not checked")
     for e in unchecked:
         print(f"not checked here (not on this machine; a run here would refuse it): {e}")
+    from training.memory_plan import dry_run_report  # before deepspeed_check, which sets WORLD_SIZE=1
+    local = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
+    print(dry_run_report(cfg, world, int(local) if local else None))
     for line in deepspeed_check(cfg, ds_cfgs, build_ops):
         print(line)
     print("dry run: ok")

@@ -50,6 +50,7 @@ OPERATIONAL = frozenset({
     "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
     "optimisation.max_failed_share", "optimisation.failed_share_window", "optimisation.max_nonfinite_steps",  # guards
     "model.gradient_checkpointing",   # recompute, same math
+    "deepspeed.gpu_memory_gb",        # only the dry run's memory-plan warning reads it
     "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
     "checkpointing.overwrite",
     "eval.eval_every", "eval.eval_data", "eval.eval_limit",  # evaluation reads the weights, never trains them

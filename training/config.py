@@ -44,6 +44,9 @@ class ModelArgs:
 
 @dataclass
 class RolloutArgs:
+    rollout_engine: str = F("vllm", "generation engine: vllm (fast), or hf (transformers, TRL's use_vllm=False): a "
+                                    "full copy of the model per rank, for machines without vLLM and for debugging",
+                            choices=("vllm", "hf"))
     vllm_tp: int = F(1, "vLLM tensor-parallel size across neighbouring ranks (external_launcher); must divide the world size")
     gpu_memory_utilization: float = F(0.35, "GPU: fraction of GPU memory vLLM may use (the actor lives beside it)")
     kv_cache_mb: int = F(0, "CPU: vLLM KV-cache size in MiB; 0 = room for 4 sequences of max_model_len "
@@ -161,6 +164,8 @@ class DeepSpeedArgs:
     offload_optimizer: bool = F(False, "keep optimizer states in CPU memory")
     offload_param: bool = F(False, "keep ZeRO-3 parameters in CPU memory")
     ref_offload: bool = F(True, "keep the frozen reference model's params in CPU memory")
+    gpu_memory_gb: float = F(80.0, "memory of one GPU in GiB, for the memory plan that --dry_run prints "
+                                   "(training/memory_plan.py): it warns when a phase's estimate exceeds this")
     local_rank: int = F(-1, "set by the deepspeed launcher")
 
 
@@ -367,6 +372,9 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
         errs.append("--pool_init seeds the question pool, which --use_pool false switches off")
     if sp.self_play_enable and not Path(sp.train_data).exists():
         errs.append(f"--train_data {sp.train_data} does not exist (run `python scripts/prepare_data.py`)")
+    if r.rollout_engine == "hf" and r.vllm_tp != 1:
+        errs.append(f"--rollout_engine hf holds a whole model copy per rank; --vllm_tp {r.vllm_tp} applies to vllm only "
+                    "(use --vllm_tp 1)")
     if world_size is not None:
         if world_size % r.vllm_tp:
             errs.append(f"--vllm_tp {r.vllm_tp} must divide the world size {world_size}")
