@@ -71,7 +71,9 @@ def _ensure_docs(corpus: Path, out: Path) -> int:
 
 def build_bm25(corpus: Path, out: Path, k1: float = 1.5, b: float = 0.75, method: str = "lucene",
                stopwords: str = "en", stemmer: str | None = None) -> dict:
-    import bm25s
+    from retrieval.manifest import import_bm25s
+
+    bm25s = import_bm25s()
 
     from retrieval.retriever import _stemmer
 

@@ -72,3 +72,18 @@ def resolve_encoder(manifest: dict, encoder: str | os.PathLike | None, index_dir
             f"query prefix {manifest['query_prefix']!r}). Query vectors from another encoder would "
             "silently return wrong documents; use the recorded encoder or rebuild the index with yours.")
     return path
+
+
+def import_bm25s():
+    """bm25s, imported so that it leaves the GPUs alone.
+
+    bm25s.selection runs a jax.lax.top_k at import when JAX is installed; on a CUDA machine JAX then
+    preallocates 75% of the first GPU (XLA's default) in every process that loads a BM25 index. Seen
+    on an H100 (scripts/gpu_check.sh): the training rank died out of memory beside a 60 GiB JAX pool.
+    BM25's top-k runs on numpy arrays anyway, so JAX is kept on the CPU unless the user chose.
+    """
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    import bm25s
+
+    return bm25s

@@ -92,8 +92,9 @@ class BM25Retriever(Retriever):
 
     def __init__(self, index_dir: str | Path, manifest: dict):
         super().__init__(index_dir, manifest)
-        import bm25s
+        from retrieval.manifest import import_bm25s
 
+        bm25s = import_bm25s()
         self._bm25s = bm25s
         self.model = bm25s.BM25.load(str(Path(index_dir) / "bm25"), mmap=True, show_progress=False, verbosity=0)
         self.stopwords = manifest["bm25"]["stopwords"] or None

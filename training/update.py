@@ -37,6 +37,8 @@ def engine_logprobs(engine, micro_batch, temperature: float = 1.0, compute_entro
     from training.logprobs import forward_swapped, sequence_logprobs
 
     model = engine.module
+    # Packed on the CPU; the model may sit on a GPU (found by scripts/gpu_check.sh on an H100). No-op on a CPU.
+    micro_batch = micro_batch.to(engine.device)
     with forward_swapped(model, lambda: sequence_logprobs(model, micro_batch, temperature, compute_entropy, **kw)):
         return engine()
 
@@ -67,6 +69,7 @@ def accumulate(engine, micro_batches: Sequence, loss_fn: Callable, *, temperatur
     metrics = []
     for k, mb in enumerate(micro_batches):
         engine.set_gradient_accumulation_boundary(k == len(micro_batches) - 1)
+        mb = mb.to(engine.device)  # loss_fn reads its advantages and old log-probs beside the log-probs
         lp, ent = engine_logprobs(engine, mb, temperature, compute_entropy)
         loss, m = loss_fn(mb, lp, ent)
         engine.backward(loss * scale)

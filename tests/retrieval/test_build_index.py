@@ -169,3 +169,20 @@ def test_manifest_records_what_the_server_needs(dense_index, minilm):
     assert m["encoder_fingerprint"] == fingerprint(minilm)
     assert m["encoder_path"] == str(Path(minilm).resolve()) and m["encoder_name"].endswith("model")
     assert os.path.exists(dense_index / "docs.arrow")
+
+
+def test_bm25s_import_keeps_jax_off_the_gpus():
+    """bm25s runs a JAX top-k at import; on a CUDA machine with JAX installed that preallocated 75% of
+    an H100 in every process loading a BM25 index (scripts/gpu_check.sh). JAX is pinned to the CPU
+    unless the user set JAX_PLATFORMS."""
+    import subprocess
+    import sys
+
+    code = "import os; from retrieval.manifest import import_bm25s; import_bm25s(); print(os.environ['JAX_PLATFORMS'])"
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    assert out[-1] == "cpu"
+    out = subprocess.run([sys.executable, "-c", code], env=dict(env, JAX_PLATFORMS="cuda"), capture_output=True,
+                         text=True, check=True, cwd=Path(__file__).resolve().parents[2]).stdout.split()
+    assert out[-1] == "cuda"
