@@ -114,7 +114,7 @@ class SSPTrainer:
     # ------------------------------------------------------------------ set-up
     def _build(self) -> None:
         from inference.data import clamp_search_turns, load_proposer_rows
-        from inference.engines import VLLMEngine
+        from inference.engines import HFEngine, VLLMEngine
         from inference.game import GameConfig, QuestionPool
         from inference.judge import Judge
         from training.engine_builder import build_engines
@@ -122,17 +122,24 @@ class SSPTrainer:
 
         cfg = self.cfg
         seed_everything(cfg.optimisation.seed + self.rank)
-        self.engines = build_engines(cfg)
-        self.actor = self.engines.actor
         tp = cfg.rollout.vllm_tp
         # With TP > 1 every rank of a TP group must send identical prompts, so the group shares a seed
         # and a data shard (the rank's share is by TP group, not by rank).
         self.dp_rank, self.dp_world = self.rank // tp, self.world // tp
-        self.llm = VLLMEngine(
-            cfg.model.model_path, dtype="float32" if cfg.model.dtype == "fp32" else "bfloat16",
-            seed=cfg.optimisation.seed + self.dp_rank, tensor_parallel_size=tp, external_launcher=self.world > 1,
-            kv_cache_memory_bytes=(cfg.rollout.kv_cache_mb << 20) or None, max_model_len=cfg.rollout.max_model_len,
-            gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
+        dtype = "float32" if cfg.model.dtype == "fp32" else "bfloat16"
+        if cfg.rollout.rollout_engine == "hf":
+            # Built before the actor: while an HfDeepSpeedConfig is alive from_pretrained would
+            # partition this copy under zero.Init too. Seeds are per prompt, so no engine seed.
+            self.llm = HFEngine(cfg.model.model_path, dtype=dtype, device=D.local_device(), batch_size=64,
+                                max_model_len=cfg.rollout.max_model_len)
+        self.engines = build_engines(cfg)
+        self.actor = self.engines.actor
+        if cfg.rollout.rollout_engine == "vllm":
+            self.llm = VLLMEngine(
+                cfg.model.model_path, dtype=dtype,
+                seed=cfg.optimisation.seed + self.dp_rank, tensor_parallel_size=tp, external_launcher=self.world > 1,
+                kv_cache_memory_bytes=(cfg.rollout.kv_cache_mb << 20) or None, max_model_len=cfg.rollout.max_model_len,
+                gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
         seed_everything(cfg.optimisation.seed + self.rank)  # LLM() reseeds every rank to 0 (PLATFORM.md)
         self.tokenizer = self.llm.tokenizer
         self.hybrid = HybridEngine(self.actor, self.llm, bucket_mb=cfg.rollout.sync_bucket_mb)
@@ -295,7 +302,7 @@ class SSPTrainer:
             game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, rollout_cfg,
                               pool=self.pool, step=self.step, qa_questions=qa)
         if cfg.search.self_search_format_reward:
-            self._shape_self_search_rewards(game.trajectories)
+            self._shape_self_search_rewards(game.trajectories, self.game_cfg.spam_divisor)
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
         game_stats = self._reduce_game_stats(game.stats)
@@ -352,13 +359,19 @@ class SSPTrainer:
         return metrics
 
     @staticmethod
-    def _shape_self_search_rewards(trajs) -> None:
-        """SSRL's shaping for self-search solvers: 0.9 * correctness + 0.1 * format."""
+    def _shape_self_search_rewards(trajs, spam_divisor: float | None = None) -> None:
+        """SSRL's shaping for self-search solvers: 0.9 * correctness + 0.1 * format, divided by
+        `spam_divisor` (GameConfig's by default) where game.score recorded a spammed answer tag,
+        so the shaping replaces the reward without dropping the spam penalty."""
+        from inference.game import GameConfig
         from inference.self_search import format_reward, shaped_reward
+        div = GameConfig.spam_divisor if spam_divisor is None else spam_divisor
         for t in trajs:
             if t.role == "solver":
                 t.info["format_reward"] = fmt = format_reward(t.response_text)
                 t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
+                if t.info.get("spam"):
+                    t.reward /= div
 
     # ------------------------------------------------------------------ log-probs, advantages, update
     @torch.no_grad()
@@ -410,14 +423,13 @@ class SSPTrainer:
         return out
 
     def update(self, trajs, adv, old, ref) -> dict:
-        from training.loss import reduce_metrics
         from training.update import ppo_update
 
         o = self.cfg.optimisation
         metrics, n_steps, n_skipped = ppo_update(
             self.actor, trajs, adv, old, ref, self.cfg.algorithm, temperature=self.cfg.rollout.temperature,
             micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step)
-        out = reduce_metrics(metrics) if metrics else {}
+        out = dict(metrics)  # per optimizer step means, tokens once (training.update.reduce_step_metrics)
         gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:
             out["actor/grad_norm"] = float(gn)  # DeepSpeed's, of the last optimizer step it ran (inf: it skipped it)

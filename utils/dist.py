@@ -54,6 +54,12 @@ def default_backend(cuda_available: bool) -> str:
     return "nccl" if cuda_available else "gloo"
 
 
+def local_device() -> str:
+    """This rank's compute device: its GPU (LOCAL_RANK) when CUDA is present, else the CPU."""
+    import torch
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if torch.cuda.is_available() else "cpu"
+
+
 def collective_device(backend: str, cuda_index: int = 0) -> str:
     """Where a tensor must live for a collective of `backend`: NCCL accepts CUDA tensors only;
     gloo (and a mixed "cpu:gloo,cuda:nccl" group, for its CPU tensors) takes CPU ones."""

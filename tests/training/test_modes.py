@@ -74,6 +74,7 @@ DRIVER = textwrap.dedent("""
         except RuntimeError as e:  # a guard stopped the run: recorded for the test to judge
             open(f"{{out}}/{{name}}/error.txt", "w").write(str(e))
         if name == "simulated":  # a random tiny model rarely searches: ask the trainer's own backend
+            alive[-1].hybrid.to_generate()  # the run ends in train mode, where vLLM sleeps (SSP_EMULATE_GPU_SLEEP)
             s = alive[-1].search["solver"]
             docs = s.search(["capital of France", "largest river in Europe"], 2,
                             contexts=[{{"question": "What is the capital of France?", "answer": ["Paris"]}}] * 2)
@@ -100,7 +101,7 @@ def runs(tmp_path_factory, tiny_model_dir):
               "--max_model_len", "1024",
               "--micro_token_budget", "1024", "--save_every", "0", "--export_hf", "false", "--tensorboard", "false",
               "--sample_every", "0"]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu",
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu", SSP_EMULATE_GPU_SLEEP="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
     (d / "driver.py").write_text(DRIVER.format(repo=str(REPO)))
     dead_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
@@ -162,9 +163,13 @@ def test_each_mode_trains_only_its_roles(runs):
     assert direct["failures"] == 0 and direct["stats"]["failures"] == 0, direct
     assert direct["docs"] == [2, 2] and direct["stats"]["docs"] >= 4, direct
     # SSRL shaping reached the rewards the loss sees: 0.9 * correct + 0.1 * format, per trajectory
+    # (a spammed answer's share divided by 4, so only below that when some solver spammed)
     for m in runs["self_search"]:
-        assert m["train/solver_reward_mean"] == pytest.approx(
-            0.9 * m["train/solver_correct_mean"] + 0.1 * m["search/self_format_reward"], abs=1e-6), m
+        unspammed = 0.9 * m["train/solver_correct_mean"] + 0.1 * m["search/self_format_reward"]
+        if m.get("solver/spam_rate", 0.0) == 0:
+            assert m["train/solver_reward_mean"] == pytest.approx(unspammed, abs=1e-6), m
+        else:
+            assert m["train/solver_reward_mean"] <= unspammed + 1e-6, m
 
 
 @pytest.mark.slow
@@ -259,3 +264,29 @@ def test_self_search_shaping_rewrites_the_solver_rewards_the_loss_reads():
     SSPTrainer._shape_self_search_rewards(trajs)
     assert [t.reward for t in trajs] == pytest.approx([0.1, 0.9, 1.0, -1.0])
     assert [t.info.get("format_reward") for t in trajs] == [1.0, 0.0, 1.0, None]
+
+
+def test_self_search_shaping_keeps_the_spam_penalty():
+    """game.score divides a spammed answer's reward by GameConfig.spam_divisor (recorded as
+    info["spam"]); the SSRL shaping that replaces the reward must keep that division: a spammed
+    right answer earns (0.9 + 0.1 * format) / 4, not 0.9."""
+    from inference.game import GameConfig
+    from inference.rewards import is_answer_spam
+    from inference.trajectory import Trajectory
+    from training.trainer import SSPTrainer
+
+    clean = "<think>so</think><answer>Paris</answer>"
+    spammed = "<think>so</think><answer><answer>Paris</answer>"
+    assert is_answer_spam(spammed) and not is_answer_spam(clean)
+    def traj(text, correct):  # noqa: E306  (info as inference.game.score writes it)
+        return Trajectory("solver", "g", [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question="q", answer="Paris",
+                          response_text=text, reward=1.0, info={"correct": correct, "spam": is_answer_spam(text)})
+    trajs = [traj(spammed, 1.0), traj(clean, 1.0), traj(spammed, 0.0)]
+    SSPTrainer._shape_self_search_rewards(trajs)
+    fmt = [t.info["format_reward"] for t in trajs]
+    assert fmt == [0.0, 1.0, 0.0]
+    assert GameConfig.spam_divisor == 4.0
+    assert [t.reward for t in trajs] == pytest.approx([0.9 / 4, 1.0, 0.0])
+    trajs = [traj(spammed, 1.0)]
+    SSPTrainer._shape_self_search_rewards(trajs, spam_divisor=2.0)     # the run's GameConfig divisor is honoured
+    assert trajs[0].reward == pytest.approx(0.9 / 2)
