@@ -6,8 +6,9 @@ Launch lines:
     python eval.py --model data/models/SmolLM2-135M-Instruct --data data/eval/*.jsonl \\
         --index data/indexes/bm25 --out_dir runs/eval/smollm2
 
-    # a training checkpoint's HF export, a retrieval server, an LLM judge server (scripts/start_judge.sh)
-    python eval.py --model runs/x/hf/step_100 --data nq_test.parquet hotpotqa_dev.parquet \\
+    # a training checkpoint's HF export: the rollout protocol comes from runs/x/config.json (below);
+    # a retrieval server, an LLM judge server (scripts/start_judge.sh)
+    python eval.py --model runs/x/checkpoints/step_000100/hf --data nq_test.parquet hotpotqa_dev.parquet \\
         --retriever_url http://127.0.0.1:8000 --judge_url http://127.0.0.1:8001 --out_dir runs/x/eval_100
 
     # a quick slice, no search tool, the HF reference engine
@@ -19,8 +20,20 @@ question, through the same multi-turn loop as training (inference/rollout.py), s
 measure the policy the trainer produces. Without --judge_url the judge column is exact
 match (no server). Outputs in --out_dir: results.json (protocol + metrics), results.md
 (the protocol, then a table per data source and overall), examples.jsonl (one line per
-question), config.json (the flags); a folder that already holds any of them is refused
+question), config.json (the resolved flags); a folder that already holds any of them is refused
 unless --overwrite is given. `evaluate()` is the reusable part: the trainer calls it for periodic eval.
+
+The protocol follows the run: when --model lies in a train.py run folder (the folder itself, its
+checkpoints/, checkpoints/step_N, or checkpoints/step_N/hf; the first two mean the latest checkpoint),
+the run's config.json supplies every rollout-protocol setting not given on the command line: dtype,
+template, max_turns, max_tokens_per_turn, max_total_tokens, max_info_tokens, max_model_len, topk and
+the solver's search backend (with its index or retriever_url, sim_url, sim_model). Precedence: a flag
+given on the command line, then the run's config.json, then eval's default. The training temperature
+is not taken (eval stays greedy unless --temperature says otherwise). --no_run_config ignores the run;
+a model outside a run is evaluated with the defaults. A table of every setting, its value and its
+source (flag / run config.json / eval default) is printed first and saved in results.json ("settings")
+and results.md. train.py's flag spellings work too: --vllm_tp, --rollout_engine, --eval_data a,b,
+--eval_limit, --solver_search, --dtype bf16/fp32, --overwrite true/false.
 
 Headroom (--samples K --temperature T): RL on a sampled policy mostly turns pass@k into
 pass@1, so the SFT model's pass@K (a question counts if any of K samples is right) against
@@ -41,6 +54,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections import defaultdict
@@ -187,7 +201,12 @@ def protocol_lines(protocol: dict) -> list[str]:
     return [f"- {k}: {v}" for k, v in protocol.items()]
 
 
-def markdown_report(protocol: dict, result: dict) -> str:
+def settings_dict(a: argparse.Namespace) -> dict:
+    """{setting: {"value", "source"}}: the resolved settings and where each came from (see parse_args)."""
+    return {k: {"value": getattr(a, k), "source": a.sources[k]} for k in SETTINGS if k in a.sources}
+
+
+def markdown_report(protocol: dict, result: dict, settings: dict | None = None) -> str:
     K = result.get("samples", 1)
     extra_head, note = "", []
     if K > 1:
@@ -202,70 +221,236 @@ def markdown_report(protocol: dict, result: dict) -> str:
                                    + "/".join(f"{v:.3f}" for v in m["pass@k_unbiased"].values()) + " |")
         rows.append(f"| {name} | {m['n']} |{extra} {m['em']:.3f} | {m['f1']:.3f} | {m['sub_em']:.3f} | {m['judge_acc']:.3f} "
                     f"| {m['turns_mean']:.2f} | {m['searches_mean']:.2f} | {m['no_answer_rate']:.3f} |")
-    return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), "", "## Results", "", *note,
-                      head, *rows, ""])
+    table = [] if not settings else ["", "| setting | value | source |", "|---|---|---|",
+                                     *(f"| {k} | {s['value']} | {s['source']} |" for k, s in settings.items())]
+    return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), *table, "", "## Results", "",
+                      *note, head, *rows, ""])
 
 
-def write_outputs(out_dir: Path, protocol: dict, result: dict) -> None:
+def write_outputs(out_dir: Path, protocol: dict, result: dict, settings: dict | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"protocol": protocol, "overall": result["overall"], "per_source": result["per_source"]}
+    summary = {"protocol": protocol, **({"settings": settings} if settings else {}), "overall": result["overall"],
+               "per_source": result["per_source"]}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    (out_dir / "results.md").write_text(markdown_report(protocol, result))
+    (out_dir / "results.md").write_text(markdown_report(protocol, result, settings))
     with open(out_dir / "examples.jsonl", "w", encoding="utf-8") as f:
         for e in result["examples"]:
             f.write(json.dumps(e, ensure_ascii=False) + "\n")
 
 
+# ---- the run's rollout protocol ---------------------------------------------------------------
+
+STEP_RE = re.compile(r"^step_\d+$")  # a checkpoint's tag (training/checkpoint.py tag_for)
+# eval flag -> (group, field) of the run's config.json (training/config.py Config.to_dict()): the rollout
+# protocol the run trained under. Not the training temperature: eval stays greedy unless --temperature says
+# otherwise. The search backend (solver_search and its index / retriever_url / sim_url / sim_model) is
+# resolved as one unit in parse_args.
+RUN_PROTOCOL = {
+    "dtype": ("model", "dtype"), "template": ("model", "template"), "max_turns": ("rollout", "max_turns"),
+    "max_tokens_per_turn": ("rollout", "max_tokens_per_turn"), "max_total_tokens": ("rollout", "max_total_tokens"),
+    "max_info_tokens": ("rollout", "max_info_tokens"), "max_model_len": ("rollout", "max_model_len"),
+    "topk": ("search", "topk"),
+}
+DTYPES = {"bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}  # train.py's spellings -> eval's (torch's)
+FLAG, RUN, DEFAULT = "flag", "run config.json", "eval default"  # where a setting came from
+SETTINGS = ("model", "dtype", "template", "max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens",
+            "max_model_len", "topk", "solver_search", "index", "retriever_url", "sim_url", "sim_model", "temperature")
+_UNSET = object()
+
+
+def train_config(path: Path) -> dict | None:
+    """The dict of a train.py config.json; None when absent, unreadable, or another config.json (an HF model's)."""
+    try:
+        d = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+    return d if isinstance(d, dict) and all(isinstance(d.get(g), dict) for g in ("model", "rollout", "search")) else None
+
+
+def locate_run(model: str) -> tuple[str, Path | None]:
+    """(the HF folder to load, the run folder that holds it, or None). --model may be a checkpoint's HF
+    export (<run>/checkpoints/step_N/hf), the checkpoint (step_N: its hf/), the run's checkpoints/ folder or
+    the run folder (both: the latest checkpoint's hf/). Only these places count: an HF folder elsewhere below
+    a run folder (runs/x/sft/hf) belongs to no run. Raises ValueError when a run's checkpoint has no hf/."""
+    p = Path(model).resolve()
+    if p.name == "hf" and STEP_RE.match(p.parent.name) and p.parent.parent.name == "checkpoints":
+        return model, p.parents[2]
+    if STEP_RE.match(p.name) and p.parent.name == "checkpoints":
+        hf, run = Path(model) / "hf", p.parents[1]
+    elif p.name == "checkpoints" or train_config(p / "config.json") is not None:
+        ck = Path(model) if p.name == "checkpoints" else Path(model) / "checkpoints"
+        if not (ck / "latest").is_file():
+            raise ValueError(f"--model {model} is a run folder with no complete checkpoint ({ck / 'latest'} is missing)")
+        hf, run = ck / (ck / "latest").read_text().strip() / "hf", p.parent if p.name == "checkpoints" else p
+    else:
+        return model, None
+    if not (hf / "config.json").is_file():
+        raise ValueError(f"--model {model}: {hf} holds no HF export (train with --export_hf true), so there is no "
+                         "model to load")
+    return str(hf), run
+
+
+def _find_index(path: str) -> str | None:
+    """The run's --index as seen from here: relative to this folder, else to the repo (where train.py runs)."""
+    for p in (Path(path), Path(__file__).resolve().parent / path):
+        if (p / "manifest.json").exists():
+            return str(p)
+    return None
+
+
+def settings_table(a: argparse.Namespace) -> str:
+    """Each resolved setting, its value and where it came from (a flag, the run's config.json, eval's default)."""
+    rows = [(k, str(getattr(a, k)), a.sources[k]) for k in SETTINGS if k in a.sources]
+    w = [max(len(r[i]) for r in rows + [("setting", "value", "source")]) for i in range(2)]
+    head = f"Settings (run config: {a.run_config or 'none'}):"
+    return "\n".join([head, f"  {'setting':<{w[0]}}  {'value':<{w[1]}}  source"]
+                     + [f"  {k:<{w[0]}}  {v:<{w[1]}}  {s}" for k, v, s in rows])
+
+
 # ---- command line ------------------------------------------------------------------------------
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The docstring as written, and every flag's default."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from training.config import _bool  # train.py's booleans: true/false, yes/no, 1/0, on/off
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
-    p.add_argument("--model", required=True, help="HF model folder (or a checkpoint's HF export) to evaluate")
-    p.add_argument("--engine", default="vllm", choices=["vllm", "hf"], help="vllm (fast) or hf (the slow transformers reference)")
-    p.add_argument("--dtype", default="float32", help="model dtype: float32, bfloat16, float16 (bf16 greedy differs from fp32)")
-    p.add_argument("--max_model_len", type=int, default=4096, help="vLLM context length; >= --max_total_tokens")
-    p.add_argument("--kv_cache_mb", type=int, default=0, help="CPU: vLLM KV cache in MiB (0 = room for 4 sequences of "
-                   "--max_model_len); more lets vLLM batch more questions at once")
-    p.add_argument("--tp", type=int, default=1, help="vLLM tensor-parallel size (GPUs)")
+    p.add_argument("--model", required=True, help="HF model folder to evaluate, or a training run's: its folder, "
+                   "checkpoints/, a checkpoint (step_N) or its export (checkpoints/step_N/hf); the first two take the "
+                   "latest checkpoint")
+    p.add_argument("--no_run_config", action="store_true", help="do not take the rollout protocol from the "
+                   "config.json of the run that holds --model")
+    p.add_argument("--rollout_engine", "--engine", dest="engine", default="vllm", choices=["vllm", "hf"],
+                   help="vllm (fast) or hf (the slow transformers reference)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
+                   help="model dtype, torch's or train.py's spelling (bf16 greedy differs from fp32); in a run, the run's")
+    p.add_argument("--kv_cache_mb", type=int, default=0, help="CPU: vLLM KV cache in MiB (0 = room for 4 sequences "
+                   "of --max_model_len); more lets vLLM batch more questions at once")
+    p.add_argument("--vllm_tp", "--tp", dest="tp", type=int, default=1, metavar="N", help="vLLM tensor-parallel size (GPUs)")
     p.add_argument("--seed", type=int, default=0, help="engine seed (matters only with --temperature > 0)")
     # data
-    p.add_argument("--data", nargs="+", required=True, help="eval files: JSONL or parquet rows with question, golden_answers, data_source")
-    p.add_argument("--limit", type=int, default=None, help="use only the first N rows of each file (a quick slice)")
+    p.add_argument("--data", nargs="+", default=None, help="eval files: JSONL or parquet rows with question, "
+                   "golden_answers, data_source (this or --eval_data is required)")
+    p.add_argument("--eval_data", default=None, help="train.py's spelling: comma-separated eval files (added to --data)")
+    p.add_argument("--eval_limit", "--limit", dest="limit", type=int, default=None,
+                   help="use only the first N rows of each file (a quick slice)")
     p.add_argument("--out_dir", required=True, help="folder for results.json, results.md, examples.jsonl and config.json")
-    p.add_argument("--overwrite", action="store_true", help="replace the outputs of an earlier eval in --out_dir "
-                   "(without it such a folder is refused)")
+    p.add_argument("--overwrite", nargs="?", const=True, default=False, type=_bool, metavar="BOOL",
+                   help="replace the outputs of an earlier eval in --out_dir (without it such a folder is refused); "
+                   "--overwrite alone = true")
     # search backend (at most one)
-    p.add_argument("--index", default=None, help="in-process retriever: an index folder built by retrieval/build_index.py")
-    p.add_argument("--retriever_url", default=None, help="retrieval server URL (Search-R1 /retrieve API), e.g. http://127.0.0.1:8000")
-    p.add_argument("--self_search", action="store_true", help="SSRL self-search: the model writes its own <information>; no tool")
-    p.add_argument("--simulated", action="store_true", help="ZeroSearch simulated search: an LLM writes the documents")
-    p.add_argument("--sim_url", default=None, help="simulator server (OpenAI-compatible); default: the evaluated model in-process")
-    p.add_argument("--sim_model", default=None, help="simulator model name on --sim_url")
-    p.add_argument("--sim_noise", type=float, default=0.0, help="chance of a noisy simulated document (0 = all useful)")
+    s = p.add_argument_group("search backend (at most one; default: the run's solver backend, else no search tool)")
+    s.add_argument("--solver_search", default=None, choices=["retriever", "simulated", "self", "none"],
+                   help="train.py's spelling of the backend: retriever (--index or --retriever_url), simulated "
+                   "(= --simulated), self (= --self_search), none (no search tool)")
+    s.add_argument("--index", default=None, help="in-process retriever: an index folder built by retrieval/build_index.py")
+    s.add_argument("--retriever_url", default=None, help="retrieval server URL (Search-R1 /retrieve API), e.g. "
+                   "http://127.0.0.1:8000")
+    s.add_argument("--self_search", action="store_true", help="SSRL self-search: the model writes its own "
+                   "<information>; no tool")
+    s.add_argument("--simulated", action="store_true", help="ZeroSearch simulated search: an LLM writes the documents")
+    s.add_argument("--sim_url", default=None, help="simulator server (OpenAI-compatible); default: the evaluated "
+                   "model in-process")
+    s.add_argument("--sim_model", default=None, help="simulator model name on --sim_url")
+    s.add_argument("--sim_noise", type=float, default=0.0, help="chance of a noisy simulated document (0 = all useful)")
     # rollout protocol
-    p.add_argument("--topk", type=int, default=3, help="documents per search")
-    p.add_argument("--max_turns", type=int, default=4, help="generation turns per question (each search costs one)")
-    p.add_argument("--max_tokens_per_turn", type=int, default=512, help="token cap of one turn")
-    p.add_argument("--max_total_tokens", type=int, default=4096, help="cap on prompt + all turns + documents")
-    p.add_argument("--max_info_tokens", type=int, default=512, help="token cap of one <information> block")
-    p.add_argument("--template", default="auto", choices=list(TEMPLATES), help="prompt chat template (inference/prompts.py)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default); > 0 samples")
-    p.add_argument("--samples", type=int, default=1, help="rollouts per question (needs --temperature > 0 when > 1); "
+    r = p.add_argument_group("rollout protocol (with --model in a training run, its config.json supplies what is "
+                             "not given here; these defaults apply outside a run)")
+    r.add_argument("--topk", type=int, default=3, help="documents per search")
+    r.add_argument("--max_turns", type=int, default=4, help="generation turns per question (each search costs one)")
+    r.add_argument("--max_tokens_per_turn", type=int, default=512, help="token cap of one turn")
+    r.add_argument("--max_total_tokens", type=int, default=4096, help="cap on prompt + all turns + documents")
+    r.add_argument("--max_info_tokens", type=int, default=512, help="token cap of one <information> block")
+    r.add_argument("--max_model_len", type=int, default=4096, help="vLLM context length; >= --max_total_tokens")
+    r.add_argument("--template", default="auto", choices=list(TEMPLATES), help="prompt chat template (inference/prompts.py)")
+    r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (never taken from the run)")
+    r.add_argument("--samples", type=int, default=1, help="rollouts per question (needs --temperature > 0 when > 1); "
                    "K > 1 reports pass@K and mean@K: RL mostly turns pass@k into pass@1, so the gap between pass@K "
                    "and greedy EM is the headroom RL can harvest")
-    p.add_argument("--batch_size", type=int, default=64, help="rollouts per batch (questions x --samples)")
+    r.add_argument("--batch_size", type=int, default=64, help="rollouts per batch (questions x --samples)")
     # judge
     p.add_argument("--judge_url", default=None, help="OpenAI-compatible judge server; without it the judge is exact match")
-    p.add_argument("--judge_model", default=None, help="served judge model name (default: the server's first model)")
+    p.add_argument("--judge_model", default=None, help="served judge model name (none: the server's first model)")
     p.add_argument("--judge_cache", default=None, help="SQLite file caching verdicts across runs")
+    return p
+
+
+def explicit_flags(p: argparse.ArgumentParser, argv: list[str] | None, dests: Sequence[str]) -> set[str]:
+    """The dests given on the command line (any spelling, abbreviations included): parsed again with every
+    default set to a sentinel, whatever is not the sentinel was given."""
+    p.set_defaults(**{d: _UNSET for d in dests})
+    given = p.parse_args(argv)
+    return {d for d in dests if getattr(given, d) is not _UNSET}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse, then resolve each protocol setting: a flag given on the command line, else the value in the
+    config.json of the training run that holds --model (unless --no_run_config), else eval's default."""
+    p = build_parser()
     a = p.parse_args(argv)
+    given = explicit_flags(p, argv, list(vars(a)))
+    a.data = (a.data or []) + [f for f in (a.eval_data or "").split(",") if f.strip()]
+    if not a.data:
+        p.error("the eval files are required: --data FILE [FILE ...] or --eval_data FILE,FILE")
+    given_model = a.model
+    try:
+        a.model, run_dir = locate_run(a.model)
+    except ValueError as e:
+        p.error(str(e))
+    run = None if run_dir is None or a.no_run_config else train_config(run_dir / "config.json")
+    a.run_config = str(run_dir / "config.json") if run is not None else None
+    from training.config import Config
+    train_defaults = Config().to_dict()  # a field an older config.json lacks ran at train.py's default
+    a.sources = {"model": FLAG if a.model == given_model else f"{FLAG} ({given_model})", "temperature": FLAG if "temperature" in given else DEFAULT}
+    for dest, (group, name) in RUN_PROTOCOL.items():
+        if dest in given or run is None:
+            a.sources[dest] = FLAG if dest in given else DEFAULT
+        else:
+            setattr(a, dest, run[group].get(name, train_defaults[group][name]))
+            a.sources[dest] = RUN
+    a.dtype = DTYPES.get(a.dtype, a.dtype)
+
+    # the search backend: what the flags name, else the run's solver backend, else none (or what --index /
+    # --retriever_url imply); the run's index / retriever_url / sim_url / sim_model fill what the flags leave out
     chosen = [f for f, on in (("--index", a.index), ("--retriever_url", a.retriever_url), ("--self_search", a.self_search),
                                ("--simulated", a.simulated)) if on]
     if len(chosen) > 1:
         p.error(f"choose one search backend, got {' and '.join(chosen)}")
-    if (a.sim_url or a.sim_model) and not a.simulated:
+    implied = {"--index": "retriever", "--retriever_url": "retriever", "--self_search": "self", "--simulated": "simulated"}
+    if chosen and a.solver_search and implied[chosen[0]] != a.solver_search:
+        p.error(f"choose one search backend, got --solver_search {a.solver_search} and {chosen[0]}")
+    rs = run["search"] if run is not None else {}
+    if a.solver_search or chosen:
+        kind, a.sources["solver_search"] = a.solver_search or implied[chosen[0]], FLAG
+    elif run is not None:
+        kind, a.sources["solver_search"] = rs.get("solver_search", train_defaults["search"]["solver_search"]), RUN
+    else:
+        kind, a.sources["solver_search"] = "none", DEFAULT
+    a.solver_search, a.self_search, a.simulated = kind, kind == "self", kind == "simulated"
+    if kind == "retriever":
+        if a.index or a.retriever_url:
+            a.sources["index" if a.index else "retriever_url"] = FLAG
+        elif rs.get("retriever_url"):
+            a.retriever_url, a.sources["retriever_url"] = rs["retriever_url"], RUN
+        elif rs.get("index"):
+            a.index = _find_index(rs["index"])
+            if a.index is None:
+                p.error(f"the run's solver searched the index {rs['index']} ({a.run_config}), which is not a built "
+                        "index from here (no manifest.json); pass --index or --retriever_url, --solver_search none, "
+                        "or --no_run_config")
+            a.sources["index"] = RUN
+        else:
+            p.error("--solver_search retriever needs --index or --retriever_url")
+    if kind == "simulated":
+        for k in ("sim_url", "sim_model"):
+            if getattr(a, k) or rs.get(k):
+                a.sources[k] = FLAG if getattr(a, k) else RUN
+                setattr(a, k, getattr(a, k) or rs[k])
+    elif "sim_url" in given or "sim_model" in given:
         p.error("--sim_url/--sim_model configure --simulated, which is not set")
+
     if a.index and not (Path(a.index) / "manifest.json").exists():
         p.error(f"--index {a.index} is not a built index (no manifest.json); build one with "
                 "`python -m retrieval.build_index --corpus FILE --out DIR --kind bm25`")
@@ -322,6 +507,7 @@ def build_engine(a: argparse.Namespace) -> Any:
 
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
+    print(settings_table(a), flush=True)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     rows: list[EvalRow] = []
     for path in a.data:
@@ -347,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": ("greedy (temperature 0)" if a.temperature == 0 else f"temperature {a.temperature}, seed {a.seed}"
                      + (f", {a.samples} samples per question" if a.samples > 1 else "")),
         "examples": f"{len(rows)} from {', '.join(a.data)}" + (f" (first {a.limit} of each)" if a.limit else ""),
+        "run_config": a.run_config or ("off (--no_run_config)" if a.no_run_config else "none (--model is in no run)"),
     }
     print("Evaluation protocol:\n" + "\n".join(protocol_lines(protocol)), flush=True)
 
@@ -355,9 +542,10 @@ def main(argv: list[str] | None = None) -> int:
                                                           batch_size=a.batch_size, progress=True, samples=a.samples))
     protocol["eval_seconds"] = round(time.time() - t0, 1)
     out_dir = Path(a.out_dir)
-    write_outputs(out_dir, protocol, result)
+    settings = settings_dict(a)
+    write_outputs(out_dir, protocol, result, settings)
     (out_dir / "config.json").write_text(json.dumps(vars(a), indent=2) + "\n")
-    print(markdown_report(protocol, result))
+    print(markdown_report(protocol, result, settings))
     print(f"wrote {out_dir}/results.json, results.md, examples.jsonl", flush=True)
     judge.close()
     return 0
