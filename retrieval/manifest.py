@@ -35,6 +35,11 @@ def write_manifest(index_dir: str | os.PathLike, fields: dict) -> Path:
 
 def read_manifest(index_dir: str | os.PathLike) -> dict:
     path = Path(index_dir) / MANIFEST
+    if Path(index_dir).is_file():
+        raise ManifestError(
+            f"{index_dir} is a file, not an index folder. For Search-R1's prebuilt FAISS index (e5_Flat.index + "
+            "wiki-18.jsonl) make a folder for it once: `python -m retrieval.import_searchr1 --index FILE "
+            "--corpus wiki-18.jsonl --encoder /models/e5-base-v2 --out DIR`, then pass --index DIR")
     if not path.exists():
         raise ManifestError(f"{path} not found: {index_dir} is not a finished index "
                             "(build one with `python -m retrieval.build_index --corpus FILE --out DIR --kind bm25|dense`)")
@@ -44,6 +49,18 @@ def read_manifest(index_dir: str | os.PathLike) -> dict:
     if m.get("kind") not in ("bm25", "dense"):
         raise ManifestError(f"{path}: unknown kind {m.get('kind')!r}")
     return m
+
+
+def index_file(index_dir: str | os.PathLike, manifest: dict) -> Path:
+    """The FAISS file of a dense index: index.faiss in the folder, or the file an imported index points at
+    (manifest "index_file", e.g. Search-R1's multi-GB e5_Flat.index, which is read in place, not copied)."""
+    name = manifest.get("index_file") or "index.faiss"
+    path = Path(index_dir) / name  # an absolute index_file stays as it is
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: the FAISS index of {index_dir} "
+                                + ("has moved; rerun retrieval.import_searchr1 with its new --index"
+                                   if manifest.get("index_file") else "is missing; rebuild with --overwrite"))
+    return path
 
 
 def resolve_encoder(manifest: dict, encoder: str | os.PathLike | None, index_dir: str | os.PathLike) -> str:

@@ -1,7 +1,9 @@
-"""In-process retrievers (BM25 and dense) over an index folder built by retrieval.build_index.
+"""In-process retrievers (BM25 and dense) over an index folder built by retrieval.build_index
+(or made from Search-R1's prebuilt e5_Flat.index + wiki-18.jsonl by retrieval.import_searchr1).
 
     r = load_retriever("data/indexes/minilm_flat")            # encoder taken from manifest.json
     r.search(["who wrote hamlet"], topk=3)                    # [[{"id", "contents", "score"}, ...]]
+    load_retriever("/idx/e5_wiki18", device="cuda", faiss_gpu=True, faiss_gpus=[6, 7])  # shards on GPUs 6 and 7
 
 For small corpora and tests the retriever lives in the trainer's process; for big ones the same
 object sits behind retrieval.server, one per node.
@@ -10,13 +12,14 @@ object sits behind retrieval.server, one per node.
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
 from retrieval.corpus import DocStore
-from retrieval.manifest import read_manifest, resolve_encoder
+from retrieval.manifest import index_file, read_manifest, resolve_encoder
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +132,8 @@ class DenseRetriever(Retriever):
 
     def __init__(self, index_dir: str | Path, manifest: dict, encoder: str | Path | None = None,
                  device: str = "cpu", faiss_gpu: bool = False, nprobe: int | None = None,
-                 ef_search: int | None = None, batch_size: int = 16):
+                 ef_search: int | None = None, batch_size: int = 16, faiss_gpus: list[int] | None = None,
+                 faiss_fp16: bool | None = None):
         super().__init__(index_dir, manifest)
         import faiss
 
@@ -142,16 +146,19 @@ class DenseRetriever(Retriever):
         if self.encoder.dim != manifest["dim"]:
             raise ValueError(f"encoder {enc_path} gives dim {self.encoder.dim}, index {index_dir} holds dim {manifest['dim']}")
         self.batch_size = batch_size
-        index = faiss.read_index(str(Path(index_dir) / "index.faiss"))
+        path = index_file(index_dir, manifest)  # index.faiss, or an imported index where it lies
+        index = faiss.read_index(str(path))
         if index.ntotal != manifest["count"]:
-            raise ValueError(f"{index_dir}/index.faiss holds {index.ntotal} vectors, manifest says {manifest['count']}")
+            raise ValueError(f"{path} holds {index.ntotal} vectors, manifest says {manifest['count']}")
         params = manifest.get("index_params", {})
-        if manifest["index_type"] == "ivfpq":
+        if manifest["index_type"] in ("ivfpq", "ivf"):
             faiss.extract_index_ivf(index).nprobe = nprobe or params.get("nprobe", 32)
         elif manifest["index_type"] == "hnsw":
             index.hnsw.efSearch = ef_search or params.get("ef_search", 128)
+        if faiss_gpus is not None:
+            faiss_gpu = True  # naming the GPUs asks for them
         if faiss_gpu:
-            index = _to_gpus(faiss, index, manifest)
+            index = _to_gpus(faiss, index, manifest, gpus=faiss_gpus, fp16=faiss_fp16)
         self.index = index
 
     def encode(self, queries: list[str]) -> np.ndarray:
@@ -182,17 +189,99 @@ class DenseRetriever(Retriever):
         return out
 
 
-def _to_gpus(faiss, index, manifest: dict):
-    """Shard the index over every visible GPU (faiss-gpu only). Untested on GPU: this repo's CI has none."""
+def parse_gpu_ids(spec) -> list[int] | None:
+    """The --faiss-gpus value: "0,1" or [0, 1] -> [0, 1]; None, "" or "all" -> None (every visible GPU).
+
+    Ids count the GPUs this process sees, i.e. after CUDA_VISIBLE_DEVICES renumbers them.
+    """
+    if spec is None or (isinstance(spec, str) and spec.strip().lower() in ("", "all")):
+        return None
+    items = [x.strip() for x in spec.split(",")] if isinstance(spec, str) else list(spec)
+    try:
+        ids = [int(x) for x in items]
+    except (TypeError, ValueError):
+        raise ValueError(f"GPU list {spec!r} is not comma-separated integers like '0,1'") from None
+    if not ids:
+        raise ValueError("the GPU list is empty; leave the flag out to use every visible GPU")
+    if any(g < 0 for g in ids) or len(set(ids)) != len(ids):
+        raise ValueError(f"GPU list {ids} must hold distinct ids >= 0")
+    return ids
+
+
+def check_gpu_ids(gpus: list[int] | None, visible: int) -> list[int]:
+    """The GPU ids the index goes to: `gpus`, or all `visible` ones when None; refuses ids this process cannot see."""
+    if gpus is None:
+        return list(range(visible))
+    gpus = parse_gpu_ids(gpus)
+    bad = [g for g in gpus if g >= visible]
+    if bad:
+        raise ValueError(f"--faiss-gpus {','.join(map(str, gpus))}: GPU {bad[0]} does not exist here; this process "
+                         f"sees {visible} GPU(s), numbered 0..{visible - 1} after CUDA_VISIBLE_DEVICES "
+                         f"({os.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})")
+    return gpus
+
+
+def retriever_gpu_bytes(num_vectors: int, dim: int, gpus: list[int], fp16: bool) -> dict[int, int]:
+    """Bytes of index vectors `_to_gpus` puts on each chosen GPU, for a flat index sharded over `gpus`.
+
+    FAISS shards a flat index into contiguous slices, shard i holding rows n*i//k .. n*(i+1)//k of the
+    k = len(gpus) GPUs, in the order given; a vector takes dim*4 bytes, dim*2 with fp16. So wiki-18
+    with e5-base-v2 (21,015,324 x 768) over 2 GPUs: 32.3 GB each in float32, 16.1 GB in fp16.
+    Not counted: FAISS's per-GPU scratch pool (StandardGpuResources' temp memory, up to
+    FAISS_GPU_TEMP_BYTES = 1.5 GiB a GPU by default), the CUDA context, and the query encoder on
+    --device. IVF-PQ indexes hold codes instead (smaller); HNSW stays on the CPU (0 bytes on GPUs).
+    """
+    gpus = list(gpus)
+    if not gpus:
+        raise ValueError("gpus is empty: name at least one GPU id")
+    if len(set(gpus)) != len(gpus):
+        raise ValueError(f"gpus {gpus} names a GPU twice")
+    if num_vectors < 0 or dim < 1:
+        raise ValueError(f"num_vectors must be >= 0 and dim >= 1, got {num_vectors}, {dim}")
+    per_vec = dim * (2 if fp16 else 4)
+    k = len(gpus)
+    return {g: (num_vectors * (i + 1) // k - num_vectors * i // k) * per_vec for i, g in enumerate(gpus)}
+
+
+FAISS_GPU_TEMP_BYTES = 1536 * 1024 * 1024  # faiss StandardGpuResources' default scratch pool on a GPU over 8 GiB
+
+
+def _fp16_flat_to_flat(faiss, index):
+    """Our --fp16 flat builds are IndexScalarQuantizer(QT_fp16). faiss-gpu clones one to a single GPU, but
+    refuses to shard it ("IndexShards implemented only for IndexIVFFlat, ..., IndexFlat and IndexIVFPQ"), so
+    for several GPUs it becomes a float32 IndexFlat first (exact: fp16 decodes exactly), copied in blocks;
+    the GPUs then store it as fp16 again (useFloat16). Costs a transient float32 copy in host RAM."""
+    flat = faiss.IndexFlat(index.d, index.metric_type)
+    step = 1 << 20
+    for i0 in range(0, index.ntotal, step):
+        flat.add(index.reconstruct_n(i0, min(step, index.ntotal - i0)))
+    return flat
+
+
+def _to_gpus(faiss, index, manifest: dict, gpus: list[int] | None = None, fp16: bool | None = None):
+    """Shard the index over the GPUs `gpus` (faiss-gpu only); None: every visible GPU.
+
+    fp16=None stores the shards as the manifest says (fp16 builds in float16); True stores float32
+    vectors as float16 on the GPUs (half the memory, what Search-R1's --faiss_gpu does).
+    Untested on GPU: this repo's CI has none (tests replace the cloner by CPU faiss.IndexShards).
+    """
     if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
         raise RuntimeError("faiss_gpu=True but this faiss has no GPU support (install faiss-gpu) or sees no GPU")
     if manifest["index_type"] == "hnsw":
         log.warning("FAISS has no GPU HNSW; keeping the HNSW index on CPU")
         return index
+    chosen = check_gpu_ids(gpus, faiss.get_num_gpus())
     co = faiss.GpuMultipleClonerOptions()
     co.shard = True  # split the vectors across GPUs instead of replicating them
-    co.useFloat16 = bool(manifest.get("fp16", False))
-    return faiss.index_cpu_to_all_gpus(index, co=co)
+    co.useFloat16 = bool(manifest.get("fp16", False) if fp16 is None else fp16)
+    if len(chosen) > 1 and isinstance(index, faiss.IndexScalarQuantizer) \
+            and index.sq.qtype == faiss.ScalarQuantizer.QT_fp16:
+        index = _fp16_flat_to_flat(faiss, index)
+        co.useFloat16 = True
+    if gpus is None:
+        return faiss.index_cpu_to_all_gpus(index, co=co)
+    log.info("FAISS index sharded over GPUs %s (of %d visible)", chosen, faiss.get_num_gpus())
+    return faiss.index_cpu_to_gpus_list(index, co=co, gpus=chosen)
 
 
 def load_retriever(index_dir: str | Path, encoder: str | Path | None = None, device: str = "cpu", **kw) -> Retriever:

@@ -2,6 +2,9 @@
 
     python -m retrieval.server --index data/indexes/minilm_flat --port 8000
     curl -s localhost:8000/retrieve -d '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": true}'
+    # Search-R1's e5_Flat.index + wiki-18.jsonl (after `python -m retrieval.import_searchr1 ... --out /idx/e5_wiki18`),
+    # query encoder on GPU 7, the index sharded over GPUs 6 and 7 in float16:
+    python -m retrieval.server --index /idx/e5_wiki18 --device cuda:7 --faiss-gpus 6,7 --faiss-fp16
 
 Multi-node training starts one server per node and points that node's ranks at
 http://localhost:PORT (scripts/start_retriever.sh).
@@ -141,14 +144,45 @@ def create_app(load_fn: Callable[[], object], limits: Limits = Limits(), max_bat
     return app
 
 
+def _gpu_ids(spec: str) -> str:
+    """argparse type of --faiss-gpus: checks the list now, keeps the text ("all" still means: use the GPUs)."""
+    from retrieval.retriever import parse_gpu_ids
+
+    try:
+        parse_gpu_ids(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return spec
+
+
+def load_kwargs(a: argparse.Namespace, manifest: dict) -> dict:
+    """load_retriever's arguments for the search process, from the command line."""
+    from retrieval.retriever import parse_gpu_ids
+
+    kw = {"index_dir": a.index, "encoder": a.encoder}
+    if manifest["kind"] == "dense":
+        kw.update(device=a.device, faiss_gpu=a.faiss_gpu or a.faiss_gpus is not None,
+                  faiss_gpus=parse_gpu_ids(a.faiss_gpus), faiss_fp16=True if a.faiss_fp16 else None)
+    return kw
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to serve
-    p.add_argument("--index", required=True, help="index folder made by retrieval.build_index")
+    p.add_argument("--index", required=True,
+                   help="index folder made by retrieval.build_index or retrieval.import_searchr1 (Search-R1's e5_Flat.index)")
     p.add_argument("--encoder", default=None, help="encoder folder for a dense index (default: the one in manifest.json; "
                                                    "another folder is accepted only if it holds the same model)")
     p.add_argument("--device", default="cpu", help="torch device for the query encoder: cpu, cuda, cuda:1")
-    p.add_argument("--faiss-gpu", action="store_true", help="shard the FAISS index over all GPUs (needs faiss-gpu)")
+    p.add_argument("--faiss-gpu", action="store_true",
+                   help="shard the FAISS index over every visible GPU (needs faiss-gpu); see --faiss-gpus")
+    p.add_argument("--faiss-gpus", "--faiss_gpus", dest="faiss_gpus", default=None, metavar="IDS", type=_gpu_ids,
+                   help="shard the FAISS index over these GPUs only, e.g. 0,1 (implies --faiss-gpu; 'all': every "
+                        "visible GPU, as --faiss-gpu alone). Ids count the GPUs this process sees: with CUDA_VISIBLE_DEVICES=6,7 they are "
+                        "0,1, and setting CUDA_VISIBLE_DEVICES for the server alone is the other way to choose")
+    p.add_argument("--faiss-fp16", action="store_true",
+                   help="store the GPU shards as float16 (half the GPU memory; Search-R1's --faiss_gpu does this). "
+                        "Default: as built (float32, or float16 for a build_index --fp16 index)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch/FAISS CPU threads of the search process (default: library default = all cores)")
     # where
@@ -174,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from retrieval.manifest import ManifestError, read_manifest, resolve_encoder
+    from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
 
     # Cheap checks first, before the port opens: a wrong index/encoder pair must fail loudly now,
     # not after clients have started waiting on it.
@@ -182,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
         manifest = read_manifest(a.index)
         if manifest["kind"] == "dense":
             resolve_encoder(manifest, a.encoder, a.index)
+            index_file(a.index, manifest)  # an imported index whose file moved fails here, not after loading
         elif a.encoder:
             raise ManifestError(f"{a.index} is a BM25 index; --encoder {a.encoder} does not apply to it")
+        elif a.faiss_gpu or a.faiss_gpus is not None or a.faiss_fp16:
+            raise ManifestError(f"{a.index} is a BM25 index; --faiss-gpu/--faiss-gpus/--faiss-fp16 do not apply to it")
     except (ManifestError, FileNotFoundError) as e:
         print(f"retrieval.server: error: {e}", file=sys.stderr)
         return 2
@@ -196,10 +233,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def load():
         from retrieval.worker import SearchProcess
-        kw = {"index_dir": a.index, "encoder": a.encoder}
-        if manifest["kind"] == "dense":
-            kw.update(device=a.device, faiss_gpu=a.faiss_gpu)
-        return SearchProcess(kw, threads=a.threads, warmup=a.max_batch, topk=a.default_topk)
+        return SearchProcess(load_kwargs(a, manifest), threads=a.threads, warmup=a.max_batch, topk=a.default_topk)
 
     limits = Limits(a.max_queries, a.max_query_chars, a.max_topk, a.default_topk, a.max_body_bytes)
     server = None

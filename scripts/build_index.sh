@@ -8,11 +8,19 @@
 #   CORPUS   corpus JSONL/parquet               (default data/corpus/wiki.jsonl)
 #   OUT      folder holding both indexes         (default data/indexes)
 #   ENCODER  dense encoder folder                (default: the bundled all-MiniLM-L6-v2)
-#   INDEX    flat | hnsw | ivfpq                 (default flat; the folder is named minilm_$INDEX)
+#   INDEX    flat | hnsw | ivfpq                 (default flat)
+#   NAME     dense index folder under OUT        (default minilm_$INDEX)
 #   DEVICE   cpu | cuda                          (default cpu)
 #   KINDS    which to build: "bm25 dense"        (default both)
 #   EXTRA    extra flags for the dense build, e.g. "--fp16 --batch-size 512"
 #   OVERWRITE=1 rebuilds finished indexes
+#
+# wiki-18 (21,015,324 passages) with e5-base-v2 on one GPU, as Search-R1 builds it (e5's "passage: "/"query: "
+# prefixes come from the folder name; 256 tokens; fp16 stores the flat index in 32.3 GB instead of 64.6 GB;
+# encoding time and RAM are estimated in README.md "Retrieval"):
+#   CORPUS=/data/wiki-18.jsonl OUT=/idx ENCODER=/models/e5-base-v2 NAME=e5_flat KINDS=dense DEVICE=cuda \
+#     EXTRA="--fp16 --batch-size 512 --max-length 256 --shard-size 100000" bash scripts/build_index.sh
+# Search-R1's prebuilt e5_Flat.index needs no build: `python -m retrieval.import_searchr1` (see README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
@@ -26,6 +34,7 @@ DEVICE=${DEVICE:-cpu}
 KINDS=${KINDS:-"bm25 dense"}
 EXTRA=${EXTRA:-}
 ENCODER=${ENCODER:-$("$PY" -c 'from utils.assets import minilm_dir; print(minilm_dir())')}
+NAME=${NAME:-minilm_$INDEX}
 
 if [ ! -f "$CORPUS" ]; then
   echo "build_index.sh: $CORPUS not found; run \`$PY scripts/prepare_data.py\` first" >&2
@@ -47,7 +56,7 @@ for kind in $KINDS; do
   case "$kind" in
     bm25)  build bm25 --kind bm25 ;;
     dense) # shellcheck disable=SC2086  # EXTRA is a list of flags
-           build "minilm_$INDEX" --kind dense --encoder "$ENCODER" --index "$INDEX" --device "$DEVICE" $EXTRA ;;
+           build "$NAME" --kind dense --encoder "$ENCODER" --index "$INDEX" --device "$DEVICE" $EXTRA ;;
     *) echo "build_index.sh: unknown kind '$kind' in KINDS (use bm25 and/or dense)" >&2; exit 2 ;;
   esac
 done
