@@ -3,9 +3,12 @@
 Launch (every rank runs this same program: a ZeRO-3 actor shard, an in-process vLLM
 engine, its share of the games, the packed loss, checkpointing):
 
-    # GPU cluster: one line per node in the hostfile ("node1 slots=8")
+    # GPU cluster: one line per node in the hostfile ("node1 slots=8"). On CUDA or across nodes the
+    # CPU demo's defaults (--model_path, --index without --retriever_url, --train_data) are refused:
+    # pass your own, or --allow_demo_defaults true. --output_dir must be on a filesystem every node
+    # mounts (checked at start-up). --prompts_per_step defaults to 4 per data-parallel group.
     deepspeed --hostfile hostfile train.py --model_path Qwen/Qwen2.5-7B-Instruct \
-        --retriever_url http://127.0.0.1:8000 --output_dir runs/qwen7b
+        --retriever_url http://127.0.0.1:8000 --train_data /data/ssp/proposer.parquet --output_dir runs/qwen7b
     # one node, N ranks
     torchrun --nproc_per_node 8 train.py ...
     # CPU, 2 ranks over gloo (what scripts/demo_cpu.sh runs)
@@ -59,10 +62,10 @@ def split_own_flags(argv: list[str] | None) -> tuple[argparse.Namespace, list[st
     return p.parse_known_args(sys.argv[1:] if argv is None else argv)
 
 
-def config_errors(cfg, world_size: int | None) -> list[str]:
+def config_errors(cfg, world_size: int | None, cuda: bool | None = None, multi_node: bool | None = None) -> list[str]:
     from training.config import ConfigError, validate_args
     try:
-        validate_args(cfg, world_size)
+        validate_args(cfg, world_size, cuda=cuda, multi_node=multi_node)
         return []
     except ConfigError as e:
         return str(e).split("\n  - ")[1:]
@@ -71,7 +74,9 @@ def config_errors(cfg, world_size: int | None) -> list[str]:
 def dry_run(argv: list[str], build_ops: bool) -> int:
     """Check a command line where it is typed (a laptop, a login node, every node of the launch):
     everything validate_args checks, against the launcher's world size, except files that are not on
-    this machine, which are listed instead; then print the resolved config and the DeepSpeed config,
+    this machine, which are listed instead; the CPU demo's defaults, refused on CUDA or across nodes
+    (the launcher's environment says which) and listed otherwise; then print the resolved config, the
+    memory plan with the checkpoint disk, and the DeepSpeed config,
     and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
     stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
     other ranks validate and exit, and nobody joins the launcher's process group."""
@@ -80,21 +85,25 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     from dataclasses import fields
     from pathlib import Path
 
-    from training.config import GROUPS, Config, build_parser, resolve_defaults
+    from training.config import (GROUPS, Config, build_parser, cuda_present, demo_default_errors, demo_defaults_in_use,
+                                 node_count, resolve_defaults)
 
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
-    cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
-                                     for g, cls in GROUPS.items()}))
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
+    cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+                                     for g, cls in GROUPS.items()}), world_size=world)
+    cuda, nodes = cuda_present(), node_count()
     # Refusals that go away when every missing path is swapped for one that exists are about
-    # files that are not on this machine: reported, not fatal. Everything else is fatal.
-    probe = copy.deepcopy(cfg)
+    # files that are not on this machine: reported, not fatal. Everything else is fatal. The demo
+    # defaults are judged on the paths as typed (a swapped path is no longer the default).
+    probe, typed = copy.deepcopy(cfg), copy.deepcopy(cfg)
     for group, flag in PATH_FLAGS:
         path = getattr(getattr(cfg, group), flag)
         if path and not Path(path).exists():
             setattr(getattr(probe, group), flag, __file__)
-    errors = config_errors(probe, world)
-    unchecked = [e for e in config_errors(cfg, world) if e not in errors]
+    probe.selfplay.allow_demo_defaults = typed.selfplay.allow_demo_defaults = True
+    errors = config_errors(probe, world, cuda, nodes > 1) + demo_default_errors(cfg, cuda, nodes > 1)
+    unchecked = [e for e in config_errors(typed, world, cuda, nodes > 1) if e not in errors]
     local_rank = int(os.environ.get("LOCAL_RANK", max(cfg.deepspeed.local_rank, 0)))
     if local_rank != 0:
         return 1 if errors else 0
@@ -111,9 +120,18 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     for name, ds in ds_cfgs.items():
         print(f"DeepSpeed config ({name})\n" + json.dumps(ds, indent=2))
     print(f"world size: {world} (the launcher's): --vllm_tp and --prompts_per_step were checked against it"
-          if world else "world size: unknown (not started by a launcher): --vllm_tp / --prompts_per_step not checked")
+          if world else "world size: unknown (not started by a launcher): --vllm_tp / --prompts_per_step not checked"
+          + ("; --prompts_per_step 0 (auto) becomes 4 per data-parallel group at launch"
+             if cfg.selfplay.prompts_per_step == 0 else ""))
     for e in unchecked:
         print(f"not checked here (not on this machine; a run here would refuse it): {e}")
+    demo = demo_defaults_in_use(cfg)
+    where = ", ".join(w for w, on in (("CUDA", cuda), (f"{nodes} nodes", nodes > 1)) if on) or "CPU, one node"
+    if demo and cfg.selfplay.allow_demo_defaults:
+        print(f"demo defaults accepted on purpose (--allow_demo_defaults true; {where}):\n  " + "\n  ".join(demo))
+    elif demo:
+        print(f"demo defaults in use ({where}: fine here; a run on CUDA or across nodes refuses them unless "
+              f"--allow_demo_defaults true):\n  " + "\n  ".join(demo))
     from training.memory_plan import dry_run_report  # before deepspeed_check, which sets WORLD_SIZE=1
     local = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
     print(dry_run_report(cfg, world, int(local) if local else None))

@@ -19,7 +19,16 @@ OUT=${OUT:-runs/$RUN_NAME}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000}   # one retriever per node: scripts/start_retriever.sh
 JUDGE_URL=${JUDGE_URL:-}                                 # OpenAI-compatible judge (scripts/start_judge.sh); empty = EM only
 JUDGE_MODEL=${JUDGE_MODEL:-}
-TRAIN_DATA=${TRAIN_DATA:-data/train/proposer.jsonl}
+# Proposer rows (answer + search_turns; SSP's parquet works). Unset, the scripts train on the CPU
+# demo's pool (data/train/proposer.jsonl: 2000 answers that scripts/prepare_data.py draws from
+# Wikipedia titles, so a wiki-18 retriever can find them). train.py refuses a demo default on CUDA
+# or across nodes, so the scripts accept this one on purpose with --allow_demo_defaults true (and
+# train.py says so at start-up); set TRAIN_DATA to your own rows and the flag is not passed.
+demo=()
+if [ -z "${TRAIN_DATA:-}" ]; then
+  TRAIN_DATA=data/train/proposer.jsonl
+  demo=(--allow_demo_defaults true)
+fi
 TEMPLATE=${TEMPLATE:-auto}
 VLLM_TP=${VLLM_TP:-1}
 GPU_MEM=${GPU_MEM:-0.35}
@@ -37,7 +46,7 @@ cmd=(deepspeed --hostfile "$HOSTFILE" "${launcher[@]}" train.py
   --vllm_tp "$VLLM_TP" --gpu_memory_utilization "$GPU_MEM" --max_model_len 8192
   --max_turns 6 --max_tokens_per_turn 1024 --max_total_tokens 8192 --max_info_tokens 1024
   --retriever_url "$RETRIEVER_URL" --topk 3
-  --train_data "$TRAIN_DATA" --prompts_per_step "$PROMPTS_PER_STEP" --proposer_n 1 --solver_n "$SOLVER_N"
+  --train_data "$TRAIN_DATA" "${demo[@]}" --prompts_per_step "$PROMPTS_PER_STEP" --proposer_n 1 --solver_n "$SOLVER_N"
   "${judge[@]}"
   --proposer_estimator reinforce++ --solver_estimator grpo --clip_low 0.2 --clip_high 0.28
   --lr "$LR" --warmup_steps 10 --total_steps "$STEPS" --micro_token_budget "$MICRO_TOKENS"

@@ -152,6 +152,66 @@ def _printed_configs(out: str) -> tuple[dict, dict]:
     return json.loads(cfg), json.loads(ds)
 
 
+def _script_flags(script: Path, **env) -> list[str]:
+    """The train.py flags a model script passes (bash with a stand-in `deepspeed` that prints them)."""
+    (tmp := Path(env.pop("tmp"))).mkdir(exist_ok=True)
+    fake = tmp / "deepspeed"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@"\n')
+    fake.chmod(0o755)
+    (tmp / "hostfile").write_text("localhost slots=8\n")
+    full = {k: v for k, v in os.environ.items() if k not in ("TRAIN_DATA", "MODEL", "RETRIEVER_URL")}
+    full.update(PATH=f"{tmp}{os.pathsep}{os.environ['PATH']}", DRY_RUN="1", **env)
+    r = subprocess.run(["bash", str(script), str(tmp / "hostfile")], capture_output=True, env=full, timeout=60, cwd=tmp)
+    assert r.returncode == 0, r.stderr.decode()
+    args = r.stdout.decode().split("\0")[:-1]
+    return args[args.index("train.py") + 1:]
+
+
+def test_model_scripts_accept_the_demo_answer_pool_only_when_train_data_is_unset(tmp_path):
+    """The one demo default the scripts fall back on is --train_data: they say so with
+    --allow_demo_defaults true; given TRAIN_DATA, they pass it and no such flag. Their model and
+    retriever are never the demo's."""
+    from training.config import Config
+    script = REPO / "scripts" / "train_qwen2.5_7b_instruct.sh"
+    demo = _script_flags(script, tmp=str(tmp_path / "a"))
+    assert demo[demo.index("--train_data") + 1] == Config().selfplay.train_data
+    assert demo[demo.index("--allow_demo_defaults") + 1] == "true"
+    assert demo[demo.index("--model_path") + 1] != Config().model.model_path and demo[demo.index("--retriever_url") + 1]
+    own = _script_flags(script, tmp=str(tmp_path / "b"), TRAIN_DATA="/data/ssp/train.parquet")
+    assert own[own.index("--train_data") + 1] == "/data/ssp/train.parquet" and "--allow_demo_defaults" not in own
+
+
+def test_dry_run_refuses_demo_defaults_across_nodes(tmp_path):
+    """Local rank 0 of a 2-node launch (WORLD_SIZE 16, 8 local ranks) on the CPU demo's defaults:
+    one refusal naming each default and the flag that replaces it."""
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), "--dry_run", "--output_dir", str(tmp_path / "o")],
+                       capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env=_env(WORLD_SIZE="16", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="8"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    err = r.stderr
+    assert "this run is across nodes, but would train with the CPU demo's defaults" in err
+    for flag in ("--model_path data/models/SmolLM2-135M-Instruct", "--index data/indexes/bm25",
+                 "--train_data data/train/proposer.jsonl", "--allow_demo_defaults true"):
+        assert flag in err, err
+    assert "dry run: ok" not in r.stdout
+
+
+def test_readme_gpu_command_passes_a_dry_run_at_8_ranks(tmp_path):
+    """README's `torchrun --nproc_per_node 8 train.py --model_path ... --retriever_url ...` with its own
+    answer pool: the default --prompts_per_step (auto) becomes 4 per rank, 32, and passes."""
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"answer": "Paris", "search_turns": 2}\n')
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), "--dry_run", "--model_path", "Qwen/Qwen2.5-7B-Instruct",
+                        "--retriever_url", "http://127.0.0.1:8000", "--train_data", str(rows),
+                        "--output_dir", str(tmp_path / "runs/qwen7b")],
+                       capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env=_env(WORLD_SIZE="8", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="8"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    cfg, _ = _printed_configs(r.stdout)
+    assert cfg["selfplay"]["prompts_per_step"] == 32 and cfg["selfplay"]["allow_demo_defaults"] is False
+    assert "demo defaults" not in r.stdout and r.stdout.rstrip().endswith("dry run: ok")
+
+
 def test_dry_run_refuses_what_the_launcher_world_cannot_run(tmp_path):
     """--vllm_tp 4 in a world of 2 (the launcher's WORLD_SIZE): refused before anything heavy is imported."""
     r = subprocess.run([sys.executable, str(REPO / "train.py"), "--dry_run", "--model_path", "Qwen/Qwen2.5-32B",
@@ -205,6 +265,10 @@ def test_every_model_script_passes_a_dry_run_through_the_launcher(tmp_path):
         assert ("offload_optimizer" in ds["zero_optimization"]) == (want["OFFLOAD"] == "true")
         assert ds["zero_optimization"]["stage"] == 3 and ds["bf16"]["enabled"] is True
         assert "world size: 8 (the launcher's)" in r.stdout
+        assert cfg["selfplay"]["prompts_per_step"] == int(want["PROMPTS_PER_STEP"])
+        # TRAIN_DATA unset: the demo answer pool, accepted on purpose (a GPU run would refuse it otherwise)
+        assert cfg["selfplay"]["allow_demo_defaults"] is True and "demo defaults accepted on purpose" in r.stdout
+        assert re.search(r"^disk: one save [\d.]+ GB, --max_ckpts 3 kept: [\d.]+ GB", r.stdout, re.M), r.stdout[-3000:]
         assert ("DeepSpeedCPUAdam" in r.stdout) == (want["OFFLOAD"] == "true")
         assert not (tmp_path / "out" / script.stem).exists(), "a dry run writes no output dir"
     assert not failures, "\n\n".join(failures)

@@ -11,6 +11,8 @@ Layout under <output_dir>/:
         hf/                     HF export: model-0000k-of-0000N.safetensors + model.safetensors.index.json
                                 (one model.safetensors when it fits in one shard), config, tokenizer
     checkpoints/latest          the newest *complete* tag, written last and atomically
+    .rank0_marker               a random token rank 0 writes at start-up: every rank must read it
+                                back, or the launch is refused (`check_shared_output_dir`)
 
 A run killed mid-save leaves `latest` on the previous complete checkpoint, so `--resume auto`
 never loads a half-written one; the half-written folder carries this run's id and is replaced
@@ -50,7 +52,8 @@ OPERATIONAL = frozenset({
     "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
     "optimisation.max_failed_share", "optimisation.failed_share_window", "optimisation.max_nonfinite_steps",  # guards
     "model.gradient_checkpointing",   # recompute, same math
-    "deepspeed.gpu_memory_gb",        # only the dry run's memory-plan warning reads it
+    "deepspeed.gpu_memory_gb", "deepspeed.retriever_gpu_gb",  # only the dry run's memory plan reads them
+    "selfplay.allow_demo_defaults",   # a start-up check; the paths themselves are run-defining
     "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
     "checkpointing.overwrite",
     "eval.eval_every", "eval.eval_data", "eval.eval_limit",  # evaluation reads the weights, never trains them
@@ -225,7 +228,61 @@ def prepare_output_dir(cfg) -> str:
     kind, value = D.all_gather_object(verdict)[0]
     if kind == "refused":
         raise ConfigError(value)
+    check_shared_output_dir(cfg.logging.output_dir)
     return value
+
+
+MARKER = ".rank0_marker"
+
+
+def _marker_dir(output_dir: str | Path) -> Path:
+    """Where this rank looks for rank 0's marker: output_dir, except under the test hook
+    SSP_FAULT=unshared_output_dir:<rank>, which sends that rank to an empty folder of its own, as
+    if its node had a local disk where the others have theirs (fault_point's variable and style)."""
+    fault = os.environ.get("SSP_FAULT", "")
+    if fault == f"unshared_output_dir:{D.rank()}":
+        print(f"SSP_FAULT: rank {D.rank()} looks for the marker in a folder of its own", flush=True)
+        return Path(output_dir).with_name(Path(output_dir).name + f".rank{D.rank()}-local")
+    return Path(output_dir)
+
+
+def check_shared_output_dir(output_dir: str | Path, wait_s: float | None = None) -> None:
+    """Refuse an --output_dir that not every rank sees as the same folder. Checkpoints are written
+    by every rank into one folder and resume reads it back on every rank, so a node-local disk
+    (each node its own `runs/x`) would leave each node with a part of every checkpoint. Rank 0
+    writes a fresh random token to output_dir/.rank0_marker and sends it to every rank; each rank
+    reads the file (retrying up to `wait_s`, SSP_MARKER_WAIT_S or 10 s, for a network
+    filesystem's attribute cache) and all ranks gather who could not, so every rank raises the
+    same ConfigError, naming the first such rank and its host. Collective."""
+    import socket
+
+    from training.config import ConfigError
+
+    if D.world_size() == 1:
+        return
+    token = None
+    if D.is_main():
+        token = uuid.uuid4().hex
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        _write_atomic(Path(output_dir) / MARKER, token + "\n")
+    token = D.all_gather_object(token)[0]
+    wait_s = float(os.environ.get("SSP_MARKER_WAIT_S", 10)) if wait_s is None else wait_s
+    path, deadline, seen = _marker_dir(output_dir) / MARKER, time.monotonic() + wait_s, None
+    while True:
+        try:
+            seen = path.read_text().strip()
+        except OSError:
+            seen = None
+        if seen == token or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    bad = [(r, host) for r, ok, host in D.all_gather_object((D.rank(), seen == token, socket.gethostname())) if not ok]
+    if bad:
+        r, host = bad[0]
+        more = f" (and {len(bad) - 1} more rank(s))" if len(bad) > 1 else ""
+        raise ConfigError(f"--output_dir {output_dir} is not shared between nodes: rank {r} on host {host}{more} "
+                          f"cannot see rank 0's marker ({MARKER}); checkpoints and resume need a filesystem every "
+                          f"node mounts (NFS, Lustre, ...): pass an --output_dir on one")
 
 
 # ----------------------------------------------------------------------------- client state

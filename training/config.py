@@ -18,11 +18,13 @@ ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baselin
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
 
 
-def F(default, help: str, choices=None, **kw):  # noqa: A002 - mirrors argparse's name
-    """A dataclass field that carries its --help text (and choices) as metadata."""
+def F(default, help: str, choices=None, aliases: tuple[str, ...] = (), **kw):  # noqa: A002 - mirrors argparse's name
+    """A dataclass field that carries its --help text (and choices, and other spellings of its flag) as metadata."""
     meta = {"help": help}
     if choices is not None:
         meta["choices"] = choices
+    if aliases:
+        meta["aliases"] = tuple(aliases)
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
@@ -30,7 +32,9 @@ def F(default, help: str, choices=None, **kw):  # noqa: A002 - mirrors argparse'
 
 @dataclass
 class ModelArgs:
-    model_path: str = F("data/models/SmolLM2-135M-Instruct", "HF model folder of the policy (actor); vLLM loads the same folder")
+    model_path: str = F("data/models/SmolLM2-135M-Instruct", "HF model folder (or hub id) of the policy (actor); vLLM "
+                                                             "loads the same folder. The default is the CPU demo's "
+                                                             "135M model (see --allow_demo_defaults)")
     dtype: str = F("bf16", "training/rollout dtype; fp32 makes vLLM and the actor agree bit-for-bit (use on CPU tests)",
                    choices=("bf16", "fp32"))
     gradient_checkpointing: bool = F(True, "recompute activations in backward: long multi-turn rows fit at ~30% more compute")
@@ -66,7 +70,8 @@ class RolloutArgs:
 class SearchArgs:
     proposer_search: str = F("retriever", "search backend of the proposer", choices=SEARCH_BACKENDS)
     solver_search: str = F("retriever", "search backend of the solver", choices=SEARCH_BACKENDS)
-    index: str = F("data/indexes/bm25", "in-process index folder (small corpora); ignored when --retriever_url is set")
+    index: str = F("data/indexes/bm25", "in-process index folder (small corpora); ignored when --retriever_url is set. "
+                                        "The default is the CPU demo's BM25 index of data/corpus (see --allow_demo_defaults)")
     retriever_url: str = F("", "URL of a retrieval server (POST /retrieve, Search-R1 API), e.g. http://127.0.0.1:8000; one per node")
     topk: int = F(3, "documents per search call")
     sim_url: str = F("", "simulated search (ZeroSearch): OpenAI-compatible server of the simulator LLM; "
@@ -82,15 +87,29 @@ class SearchArgs:
 class SelfPlayArgs:
     # --- modes (SSP launcher names: self_play.enable, proposer.enable, solver.enable, proposer.warm_up_steps) ---
     self_play_enable: bool = F(True, "false = Search-R1-style RL: the solver trains on --qa_data only, no proposer")
-    proposer_enable: bool = F(True, "train the proposer (false: it still plays, to pose questions, but carries no loss)")
-    solver_enable: bool = F(True, "train the solver (false: it still plays, to score the questions, but carries no loss)")
+    proposer_enable: bool = F(True, "train the proposer role (SSP's proposer.enable; also --train_proposer): false = it "
+                                    "still plays, posing the questions, but its trajectories carry no loss",
+                              aliases=("--train_proposer",))
+    solver_enable: bool = F(True, "train the solver role (SSP's solver.enable; also --train_solver): false = it still "
+                                  "plays, answering the questions that score the proposer, but carries no loss",
+                            aliases=("--train_solver",))
     proposer_warm_up_steps: int = F(0, "for the first N steps only the proposer trains")
     qa_data: str = F("", "fixed QA rows (question, golden_answers, data_source; JSONL/parquet, Search-R1 rows work) "
                          "for self-play off or --qa_mix_fraction")
     qa_mix_fraction: float = F(0.0, "fraction of each step's prompts given to the solver as --qa_data questions "
                                     "instead of proposer prompts (0 = pure self-play)")
-    train_data: str = F("data/train/proposer.jsonl", "proposer rows: answer (str or list) + search_turns; JSONL or parquet (SSP's rows work)")
-    prompts_per_step: int = F(4, "B: proposer prompts per step, global across ranks (each rank takes B / world)")
+    train_data: str = F("data/train/proposer.jsonl", "proposer rows: answer (str or list) + search_turns; JSONL or "
+                                                     "parquet (SSP's rows work). The default is the CPU demo's pool of "
+                                                     "2000 answers (scripts/prepare_data.py; see --allow_demo_defaults)")
+    allow_demo_defaults: bool = F(False, "accept the CPU demo's defaults (--model_path, --index without --retriever_url, "
+                                         "--train_data) on CUDA or across nodes, where they are refused at start-up "
+                                         "because a real run almost always meant to pass its own; CPU on one node "
+                                         "never refuses them")
+    prompts_per_step: int = F(0, "B: prompts per step (proposer prompts and --qa_data questions), global across ranks: "
+                                 "each data-parallel group (the --vllm_tp ranks that share one vLLM engine; world / "
+                                 "vllm_tp groups) plays B / (world / vllm_tp) of them, so an explicit B must be a "
+                                 "multiple of world / vllm_tp. 0 = auto: 4 per data-parallel group (4 in a world of "
+                                 "one, 32 on 8 GPUs at --vllm_tp 1), resolved at start-up and written to config.json")
     proposer_n: int = F(1, "G_p: proposer samples per prompt")
     solver_n: int = F(4, "G_s: solver samples per valid question (one group, kept on one rank)")
     proposer_reward: str = F("auto", "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
@@ -122,7 +141,8 @@ class AlgoArgs:
     dual_clip: float = F(0.0, "dual-clip bound c > 1 for negative advantages; 0 disables")
     kl_coef: float = F(0.0, "KL penalty to the frozen reference; 0 skips the reference model entirely")
     kl_estimator: str = F("k3", "KL estimator (k3 = low-variance KL)", choices=("k1", "k2", "k3"))
-    entropy_coef: float = F(0.0, "entropy bonus coefficient")
+    entropy_coef: float = F(0.0, "entropy bonus coefficient: the loss subtracts this x the entropy of the sampled "
+                                 "tokens, aggregated as --loss_agg (0 = no bonus)")
     loss_agg: str = F("token-mean", "loss aggregation; normalised by the global count across ranks",
                       choices=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"))
     tis_cap: float = F(0.0, "truncated importance sampling cap on exp(old - rollout log-prob); 0 disables")
@@ -137,19 +157,23 @@ class AlgoArgs:
     drop_flat_solver_groups: bool = F(False, "leave solver groups whose rewards are all equal (all right or all wrong) "
                                              "out of the loss (DAPO's dynamic sampling, without refilling): their group "
                                              "advantages are 0, and they only dilute the token-mean normaliser")
-    ppo_mini_batches: int = F(1, "optimizer steps per pass: each rank splits its trajectories into this many "
-                                 "mini-batches, whole groups kept together (SSP/veRL's ppo_mini_batch_size)")
+    ppo_mini_batches: int = F(1, "a COUNT, not a size: optimizer steps per pass over a step's rollouts; each rank "
+                                 "splits its trajectories into this many mini-batches, whole groups kept together. "
+                                 "veRL's ppo_mini_batch_size is a size (prompts per mini-batch): its count is "
+                                 "--prompts_per_step / ppo_mini_batch_size, e.g. 256 / 64 -> 4, not 64")
 
 
 @dataclass
 class OptimArgs:
-    lr: float = F(1e-6, "peak learning rate")
-    weight_decay: float = F(0.0, "AdamW weight decay")
+    lr: float = F(1e-6, "peak learning rate, reached after --warmup_steps and then shaped by --lr_schedule")
+    weight_decay: float = F(0.0, "AdamW's decoupled weight decay coefficient on the trained weights")
     warmup_steps: int = F(0, "linear LR warm-up steps")
-    lr_schedule: str = F("constant", "LR after warm-up", choices=("constant", "cosine", "linear"))
-    max_grad_norm: float = F(1.0, "gradient clipping")
+    lr_schedule: str = F("constant", "learning rate after warm-up: constant at --lr, or a cosine / linear decay "
+                                     "from --lr to 0 at --total_steps", choices=("constant", "cosine", "linear"))
+    max_grad_norm: float = F(1.0, "gradient clipping: the global gradient norm is scaled down to at most this")
     total_steps: int = F(100, "SSP steps (games) to run")
-    micro_token_budget: int = F(8192, "packing: max tokens per micro-batch row")
+    micro_token_budget: int = F(8192, "packing: max tokens per micro-batch row (trajectories are packed into rows "
+                                      "of at most this many tokens; one forward/backward per row)")
     seed: int = F(42, "global seed; each rank derives its own")
     max_failed_share: float = F(0.5, "stop the run when more than this share of the game's groups was left out of the "
                                      "loss (failed judging or search) over the last --failed_share_window steps; 1 never stops")
@@ -166,7 +190,14 @@ class DeepSpeedArgs:
     ref_offload: bool = F(True, "keep the frozen reference model's params in CPU memory")
     gpu_memory_gb: float = F(80.0, "memory of one GPU in GiB, for the memory plan that --dry_run prints "
                                    "(training/memory_plan.py): it warns when a phase's estimate exceeds this")
-    local_rank: int = F(-1, "set by the deepspeed launcher")
+    retriever_gpu_gb: float = F(0.0, "memory plan only: GiB the retrieval server (scripts/start_retriever.sh) puts on "
+                                     "each training GPU it shares, added to both phases' peaks; 0 = it runs elsewhere "
+                                     "(CPU, BM25, GPUs the trainer does not use). For a flat FAISS index sharded over "
+                                     "the server's --faiss-gpus list: index GiB / number of those GPUs (vectors x dim x "
+                                     "4 B, 2 B with fp16; retrieval.retriever.retriever_gpu_bytes gives it per GPU), "
+                                     "plus FAISS's ~1.5 GiB scratch pool on each, plus the query encoder on the GPU "
+                                     "that runs it. e.g. wiki-18 e5 fp32 over 8 GPUs: 60 / 8 + 1.5 = 9")
+    local_rank: int = F(-1, "this process's GPU index on its node; set by the deepspeed launcher, not by hand")
 
 
 @dataclass
@@ -180,7 +211,8 @@ class LogArgs:
 @dataclass
 class CkptArgs:
     save_every: int = F(10, "steps between checkpoints (0 = only at the end)")
-    max_ckpts: int = F(2, "keep this many most recent checkpoints")
+    max_ckpts: int = F(2, "checkpoints of this run kept on disk: the newest N (0 = keep every one); the dry run "
+                          "prints the disk one save and N of them take")
     resume: str = F("auto", "auto = the latest checkpoint in output_dir if any; none; or a checkpoint folder")
     export_hf: bool = F(True, "also write an HF safetensors export (for eval.py and vLLM) at each checkpoint")
     overwrite: bool = F(False, "start over in an --output_dir whose config.json differs in a run-defining field (or "
@@ -248,7 +280,7 @@ def build_parser(description: str = "", groups: dict | None = None) -> argparse.
                 kw["type"] = typ
             if "choices" in f.metadata:
                 kw["choices"] = f.metadata["choices"]
-            names = [f"--{f.name}"]
+            names = [f"--{f.name}", *f.metadata.get("aliases", ())]
             if f.name == "local_rank":
                 names.append("--local-rank")  # torch.distributed.launch / deepspeed spelling
             g.add_argument(*names, dest=f.name, **kw)
@@ -263,11 +295,17 @@ def parse_config(argv: list[str] | None = None, description: str = "") -> Config
     return cfg
 
 
-def resolve_defaults(cfg: Config) -> Config:
-    """Turn "auto" choices into what they stand for, so config.json records what actually ran."""
+AUTO_PROMPTS_PER_GROUP = 4  # --prompts_per_step 0: prompts per data-parallel group and step
+
+
+def resolve_defaults(cfg: Config, world_size: int | None = None) -> Config:
+    """Turn "auto" choices into what they stand for, so config.json records what actually ran.
+    --prompts_per_step 0 (auto) needs the world size; without one it stays 0."""
     sp = cfg.selfplay
     if sp.proposer_reward == "auto":
         sp.proposer_reward = "1-acc" if sp.rag_verify != "off" else "4s(1-s)"
+    if sp.prompts_per_step == 0 and world_size:
+        sp.prompts_per_step = AUTO_PROMPTS_PER_GROUP * max(1, world_size // max(1, cfg.rollout.vllm_tp))
     return cfg
 
 
@@ -294,15 +332,98 @@ def model_path_errors(model_path: str) -> list[str]:
     return []
 
 
-def validate_args(cfg: Config, world_size: int | None = None) -> None:
+# ----------------------------------------------------------------------------- demo defaults
+
+# (group, field, what the default is, the flag that replaces it): the CPU demo's defaults, which a
+# run on CUDA or across nodes almost never means to train with.
+DEMO_DEFAULTS = (
+    ("model", "model_path", "the CPU demo's 135M model",
+     "--model_path with your policy's HF folder or hub id (e.g. Qwen/Qwen2.5-7B-Instruct)"),
+    ("search", "index", "the CPU demo's BM25 index of data/corpus, since --retriever_url is empty",
+     "--retriever_url with your retrieval server (scripts/start_retriever.sh, one per node), or --index with "
+     "your own index folder"),
+    ("selfplay", "train_data", "the CPU demo's pool of 2000 answers",
+     "--train_data with your proposer rows (answer + search_turns)"),
+)
+
+
+def _default_of(group: str, name: str):
+    return GROUPS[group].__dataclass_fields__[name].default
+
+
+def demo_defaults_in_use(cfg: Config) -> list[str]:
+    """One line per demo default this config would run with ("still the default" = equal to the
+    dataclass default), each naming the flag that replaces it. Only defaults that are used count:
+    the index only while a role searches with the retriever and no --retriever_url is set, the
+    answer pool only with self-play on."""
+    s, sp = cfg.search, cfg.selfplay
+    used = {"model_path": True,
+            "index": "retriever" in (s.proposer_search, s.solver_search) and not s.retriever_url,
+            "train_data": sp.self_play_enable}
+    out = []
+    for group, name, what, fix in DEMO_DEFAULTS:
+        value = getattr(getattr(cfg, group), name)
+        if used[name] and value == _default_of(group, name):
+            out.append(f"--{name} {value} ({what}): pass {fix}")
+    return out
+
+
+def cuda_present() -> bool:
+    """Whether this machine has a CUDA GPU: torch's answer when torch is already imported, else
+    whether an NVIDIA device node exists (so parsing and the dry run stay light)."""
+    import glob
+    import sys
+    if "torch" in sys.modules:
+        return bool(sys.modules["torch"].cuda.is_available())
+    return bool(glob.glob("/dev/nvidia[0-9]*"))
+
+
+def node_count(env=None) -> int:
+    """Nodes of this launch, from the launcher's environment: CROSS_SIZE (deepspeed launcher),
+    GROUP_WORLD_SIZE (torchrun), else WORLD_SIZE over the local world size (LOCAL_WORLD_SIZE of
+    torchrun, LOCAL_SIZE of deepspeed); 1 when nothing says otherwise."""
+    import os
+    env = os.environ if env is None else env
+
+    def num(key):
+        try:
+            return int(env[key])
+        except (KeyError, ValueError):
+            return None
+    nodes = [n for n in (num("CROSS_SIZE"), num("GROUP_WORLD_SIZE")) if n]
+    world, local = num("WORLD_SIZE"), num("LOCAL_WORLD_SIZE") or num("LOCAL_SIZE")
+    if world and local:
+        nodes.append(-(-world // local))
+    return max(nodes, default=1)
+
+
+def demo_default_errors(cfg: Config, cuda: bool, multi_node: bool) -> list[str]:
+    """The refusal of the CPU demo's defaults on CUDA or across nodes (one message naming each
+    default in use and its flag), unless --allow_demo_defaults true; [] on CPU on one node."""
+    if not (cuda or multi_node) or cfg.selfplay.allow_demo_defaults:
+        return []
+    used = demo_defaults_in_use(cfg)
+    if not used:
+        return []
+    where = " and ".join(w for w, on in (("on CUDA", cuda), ("across nodes", multi_node)) if on)
+    return [f"this run is {where}, but would train with the CPU demo's defaults, which a real run replaces:\n      "
+            + "\n      ".join(used)
+            + "\n    or pass --allow_demo_defaults true to run with them on purpose"]
+
+
+def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | None = None,
+                  multi_node: bool | None = None) -> None:
     """Refuse combinations that cannot work, saying why. Called at parse time and again once
-    the world size is known."""
+    the world size is known. `cuda` / `multi_node` (None = detect: `cuda_present`, `node_count`)
+    decide whether the CPU demo's defaults are refused (`demo_default_errors`)."""
     errs = []
     m, r, s, sp, a, o = cfg.model, cfg.rollout, cfg.search, cfg.selfplay, cfg.algorithm, cfg.optimisation
     if m.train_top_layers < 0:
         errs.append(f"--train_top_layers must be >= 0 (0 = train everything), got {m.train_top_layers}")
-    if sp.prompts_per_step < 1 or sp.solver_n < 1 or sp.proposer_n < 1:
-        errs.append("--prompts_per_step, --proposer_n and --solver_n must all be >= 1")
+    if sp.prompts_per_step < 0:
+        errs.append(f"--prompts_per_step must be >= 1, or 0 for auto (4 per data-parallel group), got {sp.prompts_per_step}")
+    if sp.solver_n < 1 or sp.proposer_n < 1:
+        errs.append(f"--proposer_n and --solver_n must both be >= 1 (got {sp.proposer_n}, {sp.solver_n})")
     if a.solver_estimator in ("grpo", "grpo_no_std", "rloo", "reinforce++_baseline") and sp.solver_n < 2:
         errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
     if a.tis_cap and r.temperature != 1.0:
@@ -375,11 +496,27 @@ def validate_args(cfg: Config, world_size: int | None = None) -> None:
     if r.rollout_engine == "hf" and r.vllm_tp != 1:
         errs.append(f"--rollout_engine hf holds a whole model copy per rank; --vllm_tp {r.vllm_tp} applies to vllm only "
                     "(use --vllm_tp 1)")
-    if world_size is not None:
+    if r.vllm_tp < 1:
+        errs.append(f"--vllm_tp must be >= 1, got {r.vllm_tp}")
+    elif world_size is not None:
         if world_size % r.vllm_tp:
             errs.append(f"--vllm_tp {r.vllm_tp} must divide the world size {world_size}")
-        if sp.prompts_per_step % world_size:
-            errs.append(f"--prompts_per_step {sp.prompts_per_step} must be a multiple of the world size {world_size} "
-                        f"(each rank plays the same number of games so collectives line up)")
+        elif sp.prompts_per_step % (world_size // r.vllm_tp):  # 0 (auto) always fits
+            dp = world_size // r.vllm_tp
+            near = [k for k in (sp.prompts_per_step // dp * dp, (sp.prompts_per_step // dp + 1) * dp) if k]
+            errs.append(f"--prompts_per_step {sp.prompts_per_step} must be a multiple of the data-parallel size {dp} "
+                        f"(world size {world_size} / --vllm_tp {r.vllm_tp}): each data-parallel group plays the same "
+                        f"number of games so collectives line up; e.g. {' or '.join(map(str, near))}, or 0 for auto "
+                        f"({AUTO_PROMPTS_PER_GROUP} per group: {AUTO_PROMPTS_PER_GROUP * dp})")
+    if world_size is not None and sp.prompts_per_step > 0 and r.vllm_tp >= 1 and a.ppo_mini_batches > 1:
+        per_group = max(1, sp.prompts_per_step // max(1, world_size // r.vllm_tp))
+        if a.ppo_mini_batches > 2 * per_group:
+            errs.append(f"--ppo_mini_batches {a.ppo_mini_batches} is a count of mini-batches per step, not a size "
+                        f"(veRL's ppo_mini_batch_size): each rank plays {per_group} prompt(s) a step, so it holds at "
+                        f"most {2 * per_group} groups (a proposer group and a solver group per prompt) and "
+                        f"{a.ppo_mini_batches} mini-batches would leave some empty; for veRL's size S pass "
+                        f"--ppo_mini_batches B / S with B = --prompts_per_step {sp.prompts_per_step}")
+    errs += demo_default_errors(cfg, cuda_present() if cuda is None else cuda,
+                                node_count() > 1 if multi_node is None else multi_node)
     if errs:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errs))

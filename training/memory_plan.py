@@ -41,7 +41,29 @@ generate phase
                partitions (unless offloaded) and the reference partition.
 --rollout_engine hf: the HF copy (b*P, never asleep) is resident in both phases, and generation
                adds a dense KV cache of 64 sequences at --max_model_len in place of vLLM's share.
+retriever      --retriever_gpu_gb: what a retrieval server on the same GPUs holds (its FAISS shard,
+               scratch pool, encoder), added to both phases: it never sleeps.
 The numbers are estimates for planning, not measurements: fragmentation can add 5-10%.
+
+checkpoint disk (`checkpoint_disk`; all ranks together, on the filesystem of --output_dir)
+  ZeRO-3 optimizer  12*Pt   each rank's {bf16_,}zero_pp_rank_{r}_mp_rank_00_optim_states.pt holds its
+                    partition of the fp32 master and of Adam's exp_avg and exp_avg_sq (stage3.py
+                    _rigid_state_dict: fp32_flat_groups + the optimizer's state). At --dtype fp32 too:
+                    stage 3 keeps an fp32 flat copy either way. The b-byte partitions of trainable
+                    weights are not written (loading restores them from the fp32 master).
+  frozen weights    b*(P-Pt) each rank's zero_pp_rank_{r}_mp_rank_00_model_states.pt carries its
+                    partition of every weight outside the optimizer (frozen_param_fragments); the
+                    trainable ones appear there as empty placeholders (~12 KB a rank all told)
+  HF export         b*P (tied weights once) + tokenizer and config files, with --export_hf
+  trainer state     trainer_rank{r}.pt: RNG states, cursors, guards (~14 KB) + the rank's question pool
+  Checked against real saves on CPU (2 ranks, a 6.6M-parameter Llama, tests/training/test_checkpoint_disk.py):
+  bf16 all trained, optimizer files 79,052,170 B vs 12*Pt = 79,044,096 (+8 KB of pickle), HF export
+  16,700,678 vs 16,698,485; fp32 --train_top_layers 1, optimizer 1,782,054 vs 1,774,080, frozen
+  25,786,122 vs 25,756,672 (+29 KB: placeholders, shapes, ds_config). The whole save came out 0.3% and
+  0.5% under the formula, the margin being the per-rank allowance; the test holds each term to 0.1%
+  plus a few KB per file and the whole to [measured, measured * 1.02]. Rotation deletes the oldest
+  checkpoint after the newest is complete, so --max_ckpts N keeps N saves and holds N + 1 while one
+  is being written.
 """
 
 from __future__ import annotations
@@ -55,6 +77,14 @@ VLLM_NON_KV = 2 * GiB          # vLLM's profiled activations and CUDA graphs, in
 SUB_GROUP_SIZE = 10**9         # DeepSpeed's default zero_optimization.sub_group_size (build_ds_config keeps it)
 HF_BATCH = 64                  # prompts per HFEngine.generate chunk, as training/trainer.py builds it
 ASSUMED_WORLD = 8              # the per-size scripts are sized for one 8-GPU node
+# checkpoint disk: the small terms (allowances, not measured per model)
+HF_EXTRAS_ASSUMED = 16 * 10**6  # tokenizer + config files of a model not on this machine (Qwen2.5's are ~11 MB)
+RANK_STATE_BYTES = 64 * 1024   # per rank: trainer_rank{r}.pt without the pool (~14 KB) + DeepSpeed's
+                               # model-states file of a fully trained model (~12 KB), with room to spare
+POOL_ROW_BYTES = 1024          # per question kept in a rank's pool (question, answers, step), an allowance
+HF_EXTRA_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                  "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt", "tokenizer.model",
+                  "chat_template.jinja", "chat_template.json")
 
 # The architectures of the per-size scripts, for a hub id that is not on this machine (values of
 # each model's config.json; the -Instruct variants share their base's). Keys: the id's last part,
@@ -128,6 +158,66 @@ def trainable_params(counts: dict, top_layers: int) -> int:
     return min(top_layers, counts["layers"]) * counts["layer"] + counts["hidden"]
 
 
+def hf_extra_bytes(model_path: str) -> tuple[int, str]:
+    """(bytes of the tokenizer and config files an HF export copies, where the figure comes from)."""
+    folder = Path(model_path)
+    if (folder / "config.json").is_file():
+        return sum((folder / f).stat().st_size for f in HF_EXTRA_FILES if (folder / f).is_file()), "measured"
+    return HF_EXTRAS_ASSUMED, "assumed"
+
+
+def saves_in_run(total_steps: int, save_every: int) -> int:
+    """How many checkpoints a run from step 0 writes: every --save_every steps, and at the end."""
+    if total_steps <= 0:
+        return 0
+    if save_every <= 0:
+        return 1
+    return total_steps // save_every + (1 if total_steps % save_every else 0)
+
+
+def checkpoint_disk(cfg, world: int, counts: dict | None = None) -> dict:
+    """Bytes one checkpoint takes on disk, all ranks together, and what --max_ckpts keeps (module
+    docstring: checkpoint disk). ZeRO stage 3; at stages 0-2 DeepSpeed also writes the whole
+    module from rank 0 (b*P more), which is added but was not measured."""
+    if counts is None:
+        counts = count_params(load_arch(cfg.model.model_path)[0])
+    m, ck = cfg.model, cfg.checkpointing
+    b = 2 if m.dtype == "bf16" else 4
+    p = counts["total"]
+    pt = trainable_params(counts, m.train_top_layers)
+    optimizer = 12 * pt                               # fp32 master + exp_avg + exp_avg_sq, all partitions
+    frozen = b * (p - pt)                             # frozen_param_fragments in the model-states files
+    module = b * p if cfg.deepspeed.zero_stage < 3 else 0
+    extras, extras_src = hf_extra_bytes(m.model_path)
+    hf = b * p + extras if ck.export_hf else 0
+    ranks = world * (RANK_STATE_BYTES + POOL_ROW_BYTES * cfg.selfplay.pool_size * cfg.selfplay.use_pool)
+    one = optimizer + frozen + module + hf + ranks
+    n = saves_in_run(cfg.optimisation.total_steps, ck.save_every)
+    kept = n if ck.max_ckpts <= 0 else min(ck.max_ckpts, n)
+    during = min(kept + 1, n)                         # the newest is complete before the oldest goes
+    return dict(optimizer=optimizer, frozen_params=frozen, module=module, hf_export=hf, hf_extras=extras,
+                hf_extras_source=extras_src, rank_states=ranks, one_save=one, saves_in_run=n, max_ckpts=ck.max_ckpts,
+                kept=kept, kept_bytes=kept * one, during_save=during, during_save_bytes=during * one)
+
+
+def format_disk(d: dict) -> str:
+    """The dry run's disk line (GB = 10^9 bytes, all ranks together)."""
+    gb = 1e9
+    keep = (f"--max_ckpts {d['max_ckpts']} kept" if d["max_ckpts"] > 0 else "--max_ckpts 0: all kept")
+    parts = [f"ZeRO-3 fp32 master + Adam m, v {d['optimizer'] / gb:.2f}"]
+    if d["frozen_params"]:
+        parts.append(f"frozen weights {d['frozen_params'] / gb:.2f}")
+    if d["module"]:
+        parts.append(f"whole module (ZeRO stage < 3) {d['module'] / gb:.2f}")
+    if d["hf_export"]:
+        parts.append(f"HF export {d['hf_export'] / gb:.2f}")
+    parts.append(f"trainer states {d['rank_states'] / gb:.3f}")
+    return (f"disk: one save {d['one_save'] / gb:.2f} GB, {keep}: {d['kept_bytes'] / gb:.2f} GB (GB = 10^9 B; all "
+            f"ranks together, on the filesystem of --output_dir)\n"
+            f"  one save = " + " + ".join(parts) + f"; {d['kept']} of the run's {d['saves_in_run']} saves stay, and "
+            f"{d['during_save_bytes'] / gb:.2f} GB while the next one is written (the oldest goes after it)")
+
+
 def deepspeed_model_states(total: int, largest: int, world: int, gpus_per_node: int, offload_optimizer: bool,
                            offload_param: bool) -> int | None:
     """DeepSpeed's own per-GPU figure (estimate_zero3_model_states_mem_needs, the function behind
@@ -191,7 +281,8 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
     # --rollout_engine hf: a full model copy per GPU that never sleeps (HFEngine.sleep is a no-op)
     hf = r.rollout_engine == "hf"
     hf_copy = b * p if hf else 0
-    train_peak = resident + hf_copy + max(working, step) + RUNTIME_OVERHEAD
+    retriever = int(getattr(ds, "retriever_gpu_gb", 0.0) * GiB)   # a retrieval server on this GPU: both phases
+    train_peak = resident + hf_copy + max(working, step) + RUNTIME_OVERHEAD + retriever
     act_full = l_t * t * per_tok_layer + 2 * t * h * b                 # the two settings side by side
     act_ckpt = l_t * t * h * b + t * per_tok_layer + 2 * t * h * b
 
@@ -210,7 +301,7 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
     # During the sync, vLLM's weights are awake, its KV cache not yet, and one bucket is gathered.
     sync_moment = vllm_weights + max(r.sync_bucket_mb << 20, b * c["layer"])
     gen_resident = resident                          # ZeRO-3 partitions and optimizer stay unless offloaded
-    gen_peak = gen_resident + max(vllm_total, sync_moment) + RUNTIME_OVERHEAD
+    gen_peak = gen_resident + max(vllm_total, sync_moment) + RUNTIME_OVERHEAD + retriever
 
     level = sleep_level(cfg)
     host = {"vllm_weights_level1": vllm_weights if level == 1 and not hf else 0,
@@ -225,14 +316,15 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
                train=dict(**states, activations_saved=saved, backward_head=bwd_head, backward_layer=bwd_layer,
                           buckets=buckets, working_set=working, activations_no_ckpt=act_full,
                           activations_ckpt=act_ckpt, logprob_head=head, optimizer_step_transient=step,
-                          runtime=RUNTIME_OVERHEAD, peak=train_peak),
+                          runtime=RUNTIME_OVERHEAD, retriever=retriever, peak=train_peak),
                generate=dict(train_resident=gen_resident, vllm_total=vllm_total, vllm_weights=vllm_weights,
                              kv_cache=kv_cache, kv_tokens=kv_tokens, sync_moment=sync_moment,
-                             runtime=RUNTIME_OVERHEAD, peak=gen_peak),
+                             runtime=RUNTIME_OVERHEAD, retriever=retriever, peak=gen_peak),
                host_per_gpu=dict(**host, total=sum(host.values())),
                model_states=dict(ours=ours_ds_terms, deepspeed=ds_est),
                sync_bytes_per_step=b * sent, sync_all_weights=all_trainable, logprob_chunk=chunk,
-               micro_token_budget=t, gradient_checkpointing=m.gradient_checkpointing)
+               micro_token_budget=t, gradient_checkpointing=m.gradient_checkpointing,
+               disk=checkpoint_disk(cfg, n, c))
     out["peak_phase"] = "train" if train_peak >= gen_peak else "generate"
     out["warnings"] = plan_warnings(cfg, out)
     return out
@@ -250,6 +342,7 @@ def plan_warnings(cfg, pl: dict) -> list[str]:
                                ("--ref_offload true", pl["train"]["reference"] > 0)) if on]
         fix += [f"a smaller --micro_token_budget (now {pl['micro_token_budget']}, not below --max_total_tokens)",
                 "--train_top_layers N", f"more GPUs (ZeRO-3 partitions shrink with the world, now {pl['world']})"]
+        fix += [_retriever_fix(pl)] * (pl["train"]["retriever"] > 0)
         out.append(f"WARNING: train phase needs ~{tr:.1f} GiB per GPU, over --gpu_memory_gb {limit:g}: try "
                    + ", ".join(fix))
     if gen > limit:
@@ -257,6 +350,7 @@ def plan_warnings(cfg, pl: dict) -> list[str]:
         fix += ["--offload_optimizer true (optimizer states stay on the GPU while vLLM is awake)"] * (not ds.offload_optimizer)
         fix += ["--offload_param true"] * (not ds.offload_param)
         fix += [f"more GPUs (now {pl['world']})"]
+        fix += [_retriever_fix(pl)] * (pl["generate"]["retriever"] > 0)
         out.append(f"WARNING: generate phase needs ~{gen:.1f} GiB per GPU, over --gpu_memory_gb {limit:g}: try "
                    + ", ".join(fix))
     g = pl["generate"]
@@ -268,6 +362,11 @@ def plan_warnings(cfg, pl: dict) -> list[str]:
         out.append(f"WARNING: generate phase: vLLM's KV cache holds ~{g['kv_tokens']} tokens, less than one "
                    f"--max_model_len {r.max_model_len} sequence: raise --gpu_memory_utilization or --vllm_tp")
     return out
+
+
+def _retriever_fix(pl: dict) -> str:
+    return (f"the retrieval server's index on GPUs training does not use, or over more of them (its --faiss-gpus; "
+            f"{pl['train']['retriever'] / GiB:.1f} GiB of each GPU now, --retriever_gpu_gb)")
 
 
 def dry_run_report(cfg, world: int | None, gpus_per_node: int | None = None) -> str:
@@ -304,6 +403,7 @@ def format_plan(pl: dict) -> str:
             ("  = forward+backward working set (saved + buckets + the larger moment)", _gib(tr["working_set"])),
             ("  optimizer step transient (after backward: max, not sum)", _gib(tr["optimizer_step_transient"])),
             ("  runtime (CUDA context, NCCL, workspaces; assumed)", _gib(tr["runtime"])),
+            ("  retrieval server on this GPU (--retriever_gpu_gb)", _gib(tr["retriever"])),
             ("  PEAK train", _gib(tr["peak"])),
             (f"  (all activations, grad ckpt on / off: {_gib(tr['activations_ckpt'])} / "
              f"{_gib(tr['activations_no_ckpt'])})", ""),
@@ -313,6 +413,7 @@ def format_plan(pl: dict) -> str:
             ("    of which weights at --vllm_tp", _gib(g["vllm_weights"])),
             (f"    of which KV cache (~{g['kv_tokens']} tokens)", _gib(g["kv_cache"])),
             ("  runtime (assumed)", _gib(g["runtime"])),
+            ("  retrieval server on this GPU (--retriever_gpu_gb)", _gib(g["retriever"])),
             ("  PEAK generate", _gib(g["peak"]))]
     w = max(len(a) for a, _ in rows)
     head = (f"memory plan per GPU, GiB (2^30 B): {pl['model']} ({pl['params'] / 1e9:.2f}B params, "
@@ -334,4 +435,5 @@ def format_plan(pl: dict) -> str:
                  f"reference {_gib(hst['reference'])})")
     lines.append(f"  peak phase: {pl['peak_phase']} ({max(tr['peak'], g['peak']) / GiB:.1f} of "
                  f"{pl['gpu_memory_gb']:g} GiB)")
+    lines.append(format_disk(pl["disk"]))
     return "\n".join(lines + pl["warnings"])

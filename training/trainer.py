@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.config import Config, resolve_defaults, validate_args
+from training.config import (AUTO_PROMPTS_PER_GROUP, Config, demo_defaults_in_use, node_count, resolve_defaults,
+                             validate_args)
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
 from utils import dist as D
@@ -92,8 +93,19 @@ def seed_everything(seed: int) -> None:
 class SSPTrainer:
     def __init__(self, cfg: Config):
         D.init_distributed()
-        resolve_defaults(cfg)
-        validate_args(cfg, world_size=D.world_size())
+        auto_b = cfg.selfplay.prompts_per_step == 0
+        if auto_b and cfg.checkpointing.resume != "none" and not cfg.checkpointing.overwrite:
+            auto_b = not self._keep_recorded_prompts_per_step(cfg)
+        resolve_defaults(cfg, world_size=D.world_size())
+        cuda, multi_node = torch.cuda.is_available(), node_count() > 1
+        validate_args(cfg, world_size=D.world_size(), cuda=cuda, multi_node=multi_node)
+        if auto_b:
+            print0(f"--prompts_per_step 0 (auto): {cfg.selfplay.prompts_per_step} prompts per step, "
+                   f"{AUTO_PROMPTS_PER_GROUP} per data-parallel group")
+        demo = demo_defaults_in_use(cfg) if (cuda or multi_node) else []
+        if demo:  # validate_args let them through: --allow_demo_defaults true
+            print0("--allow_demo_defaults true: running with the CPU demo's defaults on purpose:\n  "
+                   + "\n  ".join(demo))
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
@@ -112,6 +124,26 @@ class SSPTrainer:
         self._resume()
 
     # ------------------------------------------------------------------ set-up
+    @staticmethod
+    def _keep_recorded_prompts_per_step(cfg: Config) -> bool:
+        """--prompts_per_step 0 (auto) on a run folder that recorded a value: keep the run's B when
+        the new world can play it (a resume on another number of GPUs), rather than resolving to a
+        new B that config.json would then refuse as a run-defining change. Rank 0 reads, all agree."""
+        import json
+        old = None
+        if D.is_main():
+            try:
+                old = json.loads((Path(cfg.logging.output_dir) / "config.json").read_text())["selfplay"]["prompts_per_step"]
+            except (OSError, ValueError, KeyError, TypeError):
+                old = None
+        old = D.all_gather_object(old)[0]
+        dp = D.world_size() // max(1, cfg.rollout.vllm_tp)
+        if isinstance(old, int) and old > 0 and dp > 0 and old % dp == 0:
+            cfg.selfplay.prompts_per_step = old
+            print0(f"--prompts_per_step 0 (auto): keeping this run's {old} from its config.json")
+            return True
+        return False
+
     def _build(self) -> None:
         from inference.data import clamp_search_turns, load_proposer_rows
         from inference.engines import HFEngine, VLLMEngine
@@ -140,7 +172,7 @@ class SSPTrainer:
                 seed=cfg.optimisation.seed + self.dp_rank, tensor_parallel_size=tp, external_launcher=self.world > 1,
                 kv_cache_memory_bytes=(cfg.rollout.kv_cache_mb << 20) or None, max_model_len=cfg.rollout.max_model_len,
                 gpu_memory_utilization=cfg.rollout.gpu_memory_utilization)
-        seed_everything(cfg.optimisation.seed + self.rank)  # LLM() reseeds every rank to 0 (PLATFORM.md)
+        seed_everything(cfg.optimisation.seed + self.rank)  # LLM() reseeds every rank to 0 (docs/PLATFORM_NOTES.md, Hybrid engine rules)
         self.tokenizer = self.llm.tokenizer
         self.hybrid = HybridEngine(self.actor, self.llm, bucket_mb=cfg.rollout.sync_bucket_mb)
         s, sp = cfg.search, cfg.selfplay

@@ -9,11 +9,11 @@ from training.config import Config, ConfigError, build_parser, parse_config, val
 
 def _ok_paths(tmp_path) -> list[str]:
     model = tmp_path / "model"
-    model.mkdir()
+    model.mkdir(exist_ok=True)
     rows = tmp_path / "rows.jsonl"
     rows.write_text('{"answer": "Paris", "search_turns": 2}\n')
     index = tmp_path / "idx"
-    index.mkdir()
+    index.mkdir(exist_ok=True)
     return ["--model_path", str(model), "--train_data", str(rows), "--index", str(index)]
 
 
@@ -61,10 +61,149 @@ def test_world_size_checks(tmp_path):
     cfg = parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "3", "--vllm_tp", "2"])
     with pytest.raises(ConfigError) as e:
         validate_args(cfg, world_size=4)
-    assert "multiple of the world size 4" in str(e.value)
+    assert "--prompts_per_step 3 must be a multiple of the data-parallel size 2 (world size 4 / --vllm_tp 2)" in str(e.value)
+    assert "e.g. 2 or 4, or 0 for auto" in str(e.value)
     with pytest.raises(ConfigError) as e:
         validate_args(cfg, world_size=3)
     assert "--vllm_tp 2 must divide the world size 3" in str(e.value)
+    # the data-parallel size is what counts: a TP group shares its prompts (trainer.next_batch)
+    cfg = parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "4", "--vllm_tp", "4"])
+    validate_args(cfg, world_size=16)
+    with pytest.raises(ConfigError, match="multiple of the data-parallel size 8"):
+        validate_args(cfg, world_size=32)
+
+
+# ----------------------------------------------------------------------------- --prompts_per_step auto
+
+@pytest.mark.parametrize("world, tp, want", [(1, 1, 4), (2, 1, 8), (8, 1, 32), (8, 4, 8), (16, 2, 32), (8, 8, 4)])
+def test_prompts_per_step_auto_is_4_per_data_parallel_group(tmp_path, world, tp, want):
+    """The default (0 = auto) runs at every world size; the value written to config.json is the
+    resolved one. An explicit value is kept as it is."""
+    from training.config import resolve_defaults
+    cfg = parse_config(_ok_paths(tmp_path) + ["--vllm_tp", str(tp)])
+    assert cfg.selfplay.prompts_per_step == 0          # unknown world at parse time: still auto
+    resolve_defaults(cfg, world_size=world)
+    assert cfg.selfplay.prompts_per_step == want
+    validate_args(cfg, world_size=world)
+    explicit = parse_config(_ok_paths(tmp_path) + ["--vllm_tp", str(tp), "--prompts_per_step", "64"])
+    assert resolve_defaults(explicit, world_size=world).selfplay.prompts_per_step == 64
+
+
+def test_the_readme_gpu_command_passes_at_8_ranks(tmp_path):
+    """README: `deepspeed --hostfile hostfile train.py --model_path ... --retriever_url ... --output_dir ...`
+    (and `torchrun --nproc_per_node 8`) once failed at world size 8 on the default --prompts_per_step 4.
+    With its own answer pool it passes on CUDA at world 8 and 16 (two nodes)."""
+    from training.config import resolve_defaults
+    model, rows = tmp_path / "Qwen2.5-7B-Instruct", tmp_path / "rows.jsonl"
+    model.mkdir(exist_ok=True)
+    rows.write_text('{"answer": "Paris", "search_turns": 2}\n')
+    for world, nodes in ((8, 1), (16, 2)):
+        cfg = parse_config(["--model_path", str(model), "--retriever_url", "http://127.0.0.1:8000",
+                            "--train_data", str(rows), "--output_dir", str(tmp_path / "runs/qwen7b")])
+        resolve_defaults(cfg, world_size=world)
+        validate_args(cfg, world_size=world, cuda=True, multi_node=nodes > 1)
+        assert cfg.selfplay.prompts_per_step == 4 * world
+
+
+def test_negative_prompts_per_step_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match=r"--prompts_per_step must be >= 1, or 0 for auto"):
+        parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "-1"])
+
+
+# ----------------------------------------------------------------------------- demo defaults
+
+def _demo_cfg(*extra) -> Config:
+    """The demo's defaults as they are, with the paths validate_args checks on disk left alone."""
+    cfg = Config()
+    if extra:
+        ns = build_parser().parse_args(list(extra))
+        for group in ("model", "search", "selfplay"):
+            for k in vars(getattr(cfg, group)):
+                setattr(getattr(cfg, group), k, getattr(ns, k))
+    return cfg
+
+
+def _demo_errors(cfg, **kw) -> str:
+    try:
+        validate_args(cfg, **kw)
+        return ""
+    except ConfigError as e:
+        return str(e)
+
+
+@pytest.mark.parametrize("where", [dict(cuda=True, multi_node=False), dict(cuda=False, multi_node=True),
+                                   dict(cuda=True, multi_node=True)])
+def test_demo_defaults_are_refused_on_cuda_or_across_nodes(where):
+    msg = _demo_errors(_demo_cfg(), world_size=8, **where)
+    assert msg.count("CPU demo's defaults") == 1, msg          # one message, naming each default and its flag
+    assert "--model_path data/models/SmolLM2-135M-Instruct" in msg and "pass --model_path with" in msg
+    assert "--index data/indexes/bm25" in msg and "pass --retriever_url with your retrieval server" in msg
+    assert "--train_data data/train/proposer.jsonl" in msg and "pass --train_data with your proposer rows" in msg
+    assert "--allow_demo_defaults true" in msg
+    assert ("on CUDA" in msg) == where["cuda"] and ("across nodes" in msg) == where["multi_node"]
+
+
+def test_demo_defaults_pass_on_cpu_on_one_node_and_on_purpose():
+    from training.config import demo_default_errors
+    assert demo_default_errors(_demo_cfg(), cuda=False, multi_node=False) == []
+    assert demo_default_errors(_demo_cfg("--allow_demo_defaults", "true"), cuda=True, multi_node=True) == []
+    assert "CPU demo's defaults" not in _demo_errors(_demo_cfg("--allow_demo_defaults", "true"), world_size=8,
+                                                     cuda=True, multi_node=True)
+
+
+def test_only_the_demo_defaults_in_use_are_named():
+    from training.config import demo_defaults_in_use
+    names = lambda cfg: [x.split()[0] for x in demo_defaults_in_use(cfg)]  # noqa: E731
+    assert names(_demo_cfg()) == ["--model_path", "--index", "--train_data"]
+    assert names(_demo_cfg("--retriever_url", "http://h:8000")) == ["--model_path", "--train_data"]
+    assert names(_demo_cfg("--proposer_search", "none", "--solver_search", "self")) == ["--model_path", "--train_data"]
+    assert names(_demo_cfg("--self_play_enable", "false")) == ["--model_path", "--index"]
+    # "still the default" is the dataclass default, typed or not
+    assert names(_demo_cfg("--model_path", "data/models/SmolLM2-135M-Instruct", "--retriever_url", "http://h:8000",
+                           "--train_data", "/data/rows.parquet")) == ["--model_path"]
+
+
+def test_node_count_reads_the_launchers_environment():
+    from training.config import node_count
+    assert node_count({}) == 1
+    assert node_count({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == 1          # torchrun, one node
+    assert node_count({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == 2
+    assert node_count({"WORLD_SIZE": "16", "LOCAL_SIZE": "8", "CROSS_SIZE": "2"}) == 2  # deepspeed launcher
+    assert node_count({"WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "1"}) == 2
+
+
+# ----------------------------------------------------------------------------- flag names and help
+
+def test_ppo_mini_batches_is_a_count_and_a_verl_size_is_refused(tmp_path):
+    from training.config import AlgoArgs
+    help_ = AlgoArgs.__dataclass_fields__["ppo_mini_batches"].metadata["help"]
+    assert "COUNT, not a size" in help_ and "ppo_mini_batch_size" in help_ and "256 / 64 -> 4" in help_
+    cfg = parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "256", "--ppo_mini_batches", "4"])
+    validate_args(cfg, world_size=8)
+    cfg = parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "256", "--ppo_mini_batches", "256"])
+    with pytest.raises(ConfigError) as e:
+        validate_args(cfg, world_size=8)
+    assert "--ppo_mini_batches 256 is a count of mini-batches per step, not a size" in str(e.value)
+    assert "each rank plays 32 prompt(s) a step" in str(e.value) and "B / S" in str(e.value)
+
+
+def test_role_flags_say_they_train_the_role_and_keep_both_spellings(tmp_path):
+    from training.config import SelfPlayArgs
+    for role in ("proposer", "solver"):
+        assert SelfPlayArgs.__dataclass_fields__[f"{role}_enable"].metadata["help"].startswith(f"train the {role} role")
+        for flag in (f"--{role}_enable", f"--train_{role}"):
+            cfg = parse_config(_ok_paths(tmp_path) + [flag, "false"])
+            assert getattr(cfg.selfplay, f"{role}_enable") is False
+
+
+def test_helps_say_what_the_flag_is():
+    """Not just where a value comes from or a bare noun: every help is a sentence of some length."""
+    p = build_parser()
+    short = [a.dest for a in p._actions if a.dest != "help" and len(a.help) < 20]
+    assert short == [], short
+    helps = {a.dest: a.help for a in p._actions}
+    assert "GPU index" in helps["local_rank"] and "global gradient norm" in helps["max_grad_norm"]
+    assert "--faiss-gpus" in helps["retriever_gpu_gb"] and "0 = it runs elsewhere" in helps["retriever_gpu_gb"]
 
 
 def test_every_flag_has_help():
@@ -154,3 +293,19 @@ def test_lr_follows_the_schedule_once_per_step_whatever_the_optimizer_steps():
         want = 1e-3 * ((step + 1) / 2 if step < 2 else 0.5 * (1 + math.cos(math.pi * (step - 2) / 8)))
         assert set_lr(engine, cfg, step) == pytest.approx(want)
         assert all(g["lr"] == pytest.approx(want) for g in engine.optimizer.param_groups)
+
+
+def test_auto_prompts_per_step_keeps_a_resumed_runs_value(tmp_path):
+    """--prompts_per_step 0 on a folder whose config.json recorded B: B stays when the new world
+    can play it (a resume on other GPUs), so the run is not refused as a changed batch size."""
+    import json
+
+    from training.trainer import SSPTrainer
+    cfg = Config()
+    cfg.logging.output_dir = str(tmp_path)
+    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is False            # no config.json yet
+    (tmp_path / "config.json").write_text(json.dumps({"selfplay": {"prompts_per_step": 32}}))
+    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is True and cfg.selfplay.prompts_per_step == 32
+    cfg.selfplay.prompts_per_step, cfg.rollout.vllm_tp = 0, 1
+    (tmp_path / "config.json").write_text(json.dumps({"selfplay": {"prompts_per_step": 0}}))
+    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is False and cfg.selfplay.prompts_per_step == 0

@@ -233,6 +233,32 @@ def test_dry_run_prints_the_plan(tmp_path):
     assert "Qwen/Qwen2.5-7B-Instruct" in out and "world 8 (1 node(s) x 8)" in out and "built-in table" in out
     assert "PEAK train" in out and "PEAK generate" in out and "weight sync per step: 14.19 GiB" in out
     assert "WARNING: generate phase needs ~" in out and "over --gpu_memory_gb 40" in out
+    # the checkpoint disk: 12 B (fp32 master + Adam m, v) + 2 B (bf16 HF export) per parameter, 3 kept
+    import re
+    m = re.search(r"^disk: one save ([\d.]+) GB, --max_ckpts 3 kept: ([\d.]+) GB", out, re.M)
+    assert m, out[-3000:]
+    p = mp.count_params(mp.ARCHS["qwen2.5-7b"])["total"]
+    assert abs(float(m.group(1)) / (14 * p / 1e9) - 1) < 0.01 and float(m.group(2)) == pytest.approx(3 * float(m.group(1)), abs=0.02)
+
+
+def test_retriever_on_the_training_gpus_adds_to_both_phases():
+    """--retriever_gpu_gb: a retrieval server's share of each training GPU never sleeps, so both
+    peaks carry it, and the warning names it as something to move."""
+    base = mp.plan(_cfg(), 8, 8, with_deepspeed=False)
+    shared = mp.plan(_cfg(retriever_gpu_gb=9.0), 8, 8, with_deepspeed=False)
+    assert base["train"]["retriever"] == base["generate"]["retriever"] == 0
+    for phase in ("train", "generate"):
+        assert shared[phase]["peak"] - base[phase]["peak"] == 9 * GiB == shared[phase]["retriever"]
+    assert base["warnings"] == [] and shared["warnings"] == []
+    assert "retrieval server on this GPU (--retriever_gpu_gb)" in mp.format_plan(shared)
+    over = mp.plan(_cfg(retriever_gpu_gb=40.0), 8, 8, with_deepspeed=False)
+    w = [x for x in over["warnings"] if x.startswith("WARNING: generate phase")]
+    assert w and "--faiss-gpus" in w[0] and "40.0 GiB of each GPU now, --retriever_gpu_gb" in w[0]
+
+
+def test_retriever_gpu_gb_may_change_on_resume():
+    from training.checkpoint import OPERATIONAL
+    assert {"deepspeed.retriever_gpu_gb", "deepspeed.gpu_memory_gb"} <= OPERATIONAL
 
 
 def test_hf_rollout_engine_keeps_a_full_copy_in_both_phases():
