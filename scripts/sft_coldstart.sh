@@ -19,7 +19,7 @@
 # 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_MAX_INFO_TOKENS (160; keep it equal
 # to the RL and eval --max_info_tokens), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
 # COLDSTART (the demos file), DTYPE (bf16 or fp32; default: measured by python -m utils.cpu_dtype, bf16 only
-# where its GEMMs are clearly faster: ~4x on AMX Xeons, no faster on AVX2-only EPYCs; PLATFORM.md).
+# where its GEMMs are clearly faster: ~4x on AMX Xeons, no faster on AVX2-only EPYCs; docs/PLATFORM_NOTES.md, CPU dtype).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SFT_DIR=${1:?usage: bash scripts/sft_coldstart.sh SFT_DIR   (the HF export lands in SFT_DIR/hf)}

@@ -40,7 +40,7 @@ def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | No
         "bf16": {"enabled": cfg.model.dtype == "bf16"},
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
-        # Otherwise deepspeed.initialize swaps torch.nn.functional.linear process-wide (PLATFORM.md).
+        # Otherwise deepspeed.initialize swaps torch.nn.functional.linear process-wide (docs/PLATFORM_NOTES.md, DeepSpeed on CPU).
         "memory_efficient_linear": False,
     }
     if train:
@@ -116,7 +116,7 @@ def _load_model(cfg: Config, ds_config: dict):
     dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype, attn_implementation=_attn_impl(cfg))
     # A KV cache disables transformers' packed-sequence mask detection: packed rows would
-    # attend across sequences silently (PLATFORM.md, "the trap").
+    # attend across sequences silently (docs/PLATFORM_NOTES.md, transformers packed sequences).
     model.config.use_cache = False
     return model, keepalive
 
@@ -124,7 +124,7 @@ def _load_model(cfg: Config, ds_config: dict):
 def make_optimizer(cfg: Config, params):
     """The actor's optimizer; train.py --dry_run checks the same choice.
     No offload: torch AdamW, nothing is JIT-compiled (FusedAdam / CPU-Adam take ~150 s of gcc)
-    and checkpoint restore is exact (PLATFORM.md).
+    and checkpoint restore is exact (docs/PLATFORM_NOTES.md, DeepSpeed ZeRO-3 rules).
     Optimizer offload: DeepSpeedCPUAdam, the optimizer made for it (deepspeed.initialize refuses
     a torch optimizer under offload unless "zero_force_ds_cpu_optimizer" is false); its op is
     JIT-built with gcc on first use (~150 s) and cached in TORCH_EXTENSIONS_DIR."""

@@ -8,7 +8,7 @@ train mode:    put vLLM to sleep: level 2 (weights discarded) when the next sync
                ones out (--train_top_layers). A no-op on CPU, where vLLM has no sleep mode,
                unless SSP_EMULATE_GPU_SLEEP=1 gives it a GPU's semantics (the tests do).
 
-Rules learned by breaking them (PLATFORM.md): torch.distributed is initialised before
+Rules learned by breaking them (docs/PLATFORM_NOTES.md, Hybrid engine rules): torch.distributed is initialised before
 vLLM; a bucket never splits a fused q/k/v or gate/up group (so: one decoder layer per
 bucket); the prefix cache is reset after every sync; GatheredParameters is collective,
 so every rank walks the same buckets in the same order.

@@ -5,7 +5,7 @@ restarting at 0 for each sequence and `cu_seqlens` marking the bounds, so no
 compute is spent on padding. Attention must never cross sequences:
 
 - GPU (flash_attention_2/3): transformers' varlen path, fed cu_seq_lens_q/k and
-  max_length_q/k explicitly (see shared/PLATFORM.md). UNTESTED ON GPU in this repo.
+  max_length_q/k explicitly (docs/PLATFORM_NOTES.md, transformers flash-attn varlen). UNTESTED ON GPU in this repo.
 - CPU, sdpa: `enable_varlen_sdpa(model)` (sequence_logprobs calls it) registers an
   sdpa variant that runs one causal SDPA call per sequence, fed the same cu_seq_lens
   kwargs: cost sum(L_i^2), not T^2.
@@ -363,7 +363,7 @@ def verify_packed_attention(model: torch.nn.Module, inputs_fn: Callable = model_
 
     Runs the model's backbone on two short sequences packed in one row and on each
     alone (three tiny forwards, no grad, eval mode for the call) and compares. It
-    catches the silent cross-sequence attention of shared/PLATFORM.md if a
+    catches the silent cross-sequence attention (docs/PLATFORM_NOTES.md, transformers packed sequences) if a
     transformers upgrade changes how masks or caches are handled. Under ZeRO-3 the
     forwards are collective: call it on every rank. Returns the max difference.
     """
@@ -387,5 +387,5 @@ def verify_packed_attention(model: torch.nn.Module, inputs_fn: Callable = model_
     if not diff <= atol:
         raise RuntimeError(f"packed attention leaks across sequences with attn_implementation={impl!r}: max hidden "
                            f"difference {diff:.3g} > {atol}; check training.packing.model_inputs against this "
-                           "transformers version (see shared/PLATFORM.md, 'Packed sequences')")
+                           "transformers version (see docs/PLATFORM_NOTES.md, transformers packed sequences)")
     return diff

@@ -4,7 +4,8 @@
     for mb in mbs:  lp = engine_logprobs(engine, mb); loss = loss_fn(mb, lp); engine.backward(loss)
     engine.step()
 
-Two facts this module exists for, each measured with DeepSpeed 0.19.8 (PLATFORM.md):
+Two facts this module exists for, each measured with DeepSpeed 0.19.8 (docs/PLATFORM_NOTES.md,
+DeepSpeed gradient accumulation and DeepSpeed ZeRO-3 rules):
 - **The forward must go through DeepSpeedEngine.forward.** Under ZeRO-3 that is where
   `optimizer.clear_backward_seen_flag()` advances `micro_step_id`; while it stays 0,
   `partition_grads` *copies* each micro-batch's gradient instead of adding it. A forward through

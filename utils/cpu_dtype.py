@@ -4,7 +4,7 @@
     python -m utils.cpu_dtype --form eval  # prints bfloat16 or float32 (eval.py spelling)
     python -m utils.cpu_dtype --verbose    # also the GFLOP/s it measured, on stderr
 
-Why: the CPUs differ from box to box (PLATFORM.md). On AMX Xeons bf16 GEMMs ran ~4x faster
+Why: the CPUs differ from box to box (docs/PLATFORM_NOTES.md, CPU dtype). On AMX Xeons bf16 GEMMs ran ~4x faster
 than fp32, so bf16 halves an SFT; on AVX2-only EPYCs bf16 is no faster, and it costs accuracy
 for nothing: one bf16 ulp near 1.0 is 0.0078, so small Adam steps never reach the stored
 weights. bf16 is chosen only when it is clearly faster (--min_gain, default 1.5x).

@@ -34,7 +34,7 @@ def prepare_launch_env() -> None:
 
 def setup_env_for_single_process() -> None:
     """Plain `python train.py` (no launcher): DeepSpeed then tries mpi4py discovery and
-    fails on the import (PLATFORM.md). Pretend to be rank 0 of a world of 1 instead."""
+    fails on the import (docs/PLATFORM_NOTES.md, DeepSpeed on CPU). Pretend to be rank 0 of a world of 1 instead."""
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(free_port()))
@@ -43,7 +43,8 @@ def setup_env_for_single_process() -> None:
 def disable_ds_shm_op() -> None:
     """DeepSpeed JIT-builds `deepspeed_shm_comm` on every fresh CPU start (75-90 s). The op only
     speeds up intra-node CPU collectives, which gloo does anyway. It must be patched on the
-    module object in sys.modules: `import deepspeed.comm.torch as m` returns torch (PLATFORM.md)."""
+    module object in sys.modules: `import deepspeed.comm.torch as m` returns torch (docs/PLATFORM_NOTES.md,
+    DeepSpeed on CPU)."""
     import deepspeed.comm.torch  # noqa: F401  (registers the module)
     sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
 
@@ -68,7 +69,8 @@ def collective_device(backend: str, cuda_index: int = 0) -> str:
 
 def init_distributed(backend: str | None = None) -> None:
     """Start the default process group before anything else. vLLM created first with TP=1
-    would set up a group of world size 1 and DeepSpeed would then fail (PLATFORM.md)."""
+    would set up a group of world size 1 and DeepSpeed would then fail (docs/PLATFORM_NOTES.md,
+    Hybrid engine rules)."""
     import torch
     import torch.distributed as dist
 

@@ -46,7 +46,7 @@ def run_case(model_dir: str, case: dict, keep: list) -> dict:
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
     actor, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds)
     llm = VLLMEngine(model_dir, dtype="float32", seed=D.rank(), max_model_len=512, external_launcher=D.world_size() > 1)
-    keep.append(llm)  # a collected engine tears down process groups DeepSpeed still uses (PLATFORM.md)
+    keep.append(llm)  # a collected engine tears down process groups DeepSpeed still uses (docs/PLATFORM_NOTES.md, vLLM several engines per process)
     hybrid = HybridEngine(actor, llm, bucket_mb=case["bucket_mb"])
     if "force_level" in case:  # the code before the fix: level 2 whatever the sync leaves out
         hybrid.sleep_level = case["force_level"]

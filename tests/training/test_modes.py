@@ -230,7 +230,7 @@ def test_lr_schedule_optimizer_steps_and_measured_gaps(runs):
     for m in runs["top_layer_rollout_lp"] + runs["full"]:
         assert 0 < m["actor/rollout_lp_gap"] < 1e-3, m["actor/rollout_lp_gap"]
     # bf16: both engines round differently, but the sync must still land (a stale or garbled sync
-    # gives gaps of order 1: PLATFORM.md measured 1.45 for a missed tied lm_head)
+    # gives gaps of order 1: 1.45 for a missed tied lm_head, docs/PLATFORM_NOTES.md, vLLM tied embeddings)
     for m in runs["bf16_rollout_lp"]:
         assert 0 < m["actor/rollout_lp_gap"] < 0.1, m["actor/rollout_lp_gap"]
         assert 0 < m["actor/weights_changed_frac"] <= 1

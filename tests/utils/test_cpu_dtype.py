@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_choose_needs_a_clear_bf16_gain():
-    assert choose(170.0, 666.0) == "bf16"     # the AMX Xeon PLATFORM.md measured: ~4x
+    assert choose(170.0, 666.0) == "bf16"     # the AMX Xeon of docs/PLATFORM_NOTES.md, CPU dtype: ~4x
     assert choose(200.0, 210.0) == "fp32"     # AVX2-only EPYC: bf16 no faster
     assert choose(100.0, 149.0) == "fp32" and choose(100.0, 150.0) == "bf16"
     assert choose(100.0, 120.0, min_gain=1.1) == "bf16"
