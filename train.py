@@ -148,6 +148,9 @@ def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
 
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    # Under torchrun the env:// rendezvous would join the agent's store as a client, at a port where none
+    # listens now, and wait there (the README's torchrun line hung for 12 minutes): make this group its own.
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     init_distributed()
     import deepspeed
     import torch
