@@ -499,8 +499,9 @@ def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | 
 def build_engine(a: argparse.Namespace) -> Any:
     from inference.engines import HFEngine, VLLMEngine
 
-    if a.engine == "hf":
-        return HFEngine(a.model, dtype=a.dtype)
+    if a.engine == "hf":  # on this machine's GPU when it has one (it ran on the CPU even beside a GPU)
+        from utils.dist import local_device
+        return HFEngine(a.model, dtype=a.dtype, device=local_device(), max_model_len=a.max_model_len)
     return VLLMEngine(a.model, dtype=a.dtype, seed=a.seed, tensor_parallel_size=a.tp, max_model_len=a.max_model_len,
                       kv_cache_memory_bytes=(a.kv_cache_mb << 20) or None)
 
