@@ -497,7 +497,8 @@ def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | 
 
 
 def build_engine(a: argparse.Namespace) -> Any:
-    from inference.engines import HFEngine, VLLMEngine
+    from inference.engines import VLLMEngine
+    from inference.hf_engine import HFEngine
 
     if a.engine == "hf":  # on this machine's GPU when it has one (it ran on the CPU even beside a GPU)
         from utils.dist import local_device

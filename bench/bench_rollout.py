@@ -156,7 +156,8 @@ def main() -> None:
     from tqdm import tqdm
 
     torch.set_num_threads(args.threads)  # must precede vLLM, which makes it a no-op afterwards
-    from inference.engines import HFEngine, VLLMEngine
+    from inference.engines import VLLMEngine
+    from inference.hf_engine import HFEngine
     from inference.rollout import RolloutConfig
     from utils.assets import smollm2_dir
 

@@ -6,7 +6,8 @@
     engine.tokenizer; engine.max_model_len
 
 `VLLMEngine` is the fast one (vLLM in-process, or one engine per rank under torchrun with
-`external_launcher=True`). `HFEngine` is the slow transformers reference used to check it.
+`external_launcher=True`). `inference.hf_engine.HFEngine` is the slow transformers reference used to
+check it, and the trainer's engine where vLLM is missing (--rollout_engine hf).
 Every vLLM import and call of the project lives in this file; vLLM is imported lazily so
 importing this module costs nothing.
 
@@ -176,15 +177,8 @@ class _OmittedLayerFilter(logging.Filter):
 
     MSG = "%s: Failed to load weights"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.dropped = 0
-
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg == self.MSG:
-            self.dropped += 1
-            return False
-        return True
+        return record.msg != self.MSG
 
 
 @contextlib.contextmanager
@@ -193,7 +187,7 @@ def _quiet_partial_reload():
     f = _OmittedLayerFilter()
     log.addFilter(f)
     try:
-        yield f
+        yield
     finally:
         log.removeFilter(f)
 
@@ -435,6 +429,7 @@ class VLLMEngine:
         self._unsent: set[str] = set()     # weights discarded by a level-2 sleep and not sent since
         self._asleep: set[str] = set()     # emulation: tags ("weights", "kv_cache") still asleep
         self._latest: dict[str, Any] = {}  # emulation: every weight sent so far (the host copy level 1 keeps)
+        self._checkpoint_read = False
         self._host_backup: dict[str, Any] | None = None
         self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
@@ -563,173 +558,17 @@ class VLLMEngine:
         self.sleeping = bool(self._asleep)
 
     def _weights_as_sent(self) -> dict[str, Any]:
-        from safetensors.torch import load_file
+        """Every weight as vLLM holds it: the checkpoint (read once), overlaid by what syncs sent since."""
+        if not self._checkpoint_read:
+            from safetensors.torch import load_file
 
-        out: dict[str, Any] = {}
-        for f in sorted(self.model_dir.glob("*.safetensors")):
-            out.update(load_file(str(f)))
-        out.update(self._latest)
-        return out
+            for f in sorted(self.model_dir.glob("*.safetensors")):
+                for n, t in load_file(str(f)).items():
+                    self._latest.setdefault(n, t)
+            self._checkpoint_read = True
+        return dict(self._latest)
 
     def _poison(self) -> None:
         import torch
 
         self._reload([(n, torch.full(shape, float("nan"))) for n, (shape, _) in self._specs.items()])
-
-
-class HFEngine:
-    """The slow transformers reference, same interface as VLLMEngine.
-
-    A manual batched sampling loop (left padding + KV cache) rather than model.generate,
-    because it returns the sampled token's raw log-prob directly, supports per-prompt
-    seeds / stop strings / max_tokens, and never touches `synced_gpus` (HF's generate
-    defaults it to True while a DeepSpeed ZeRO-3 config is alive and then hangs).
-    Prompts are processed in chunks of `batch_size`.
-    """
-
-    def __init__(
-        self,
-        model_dir_or_model: Any,
-        tokenizer: Any = None,
-        dtype: str = "float32",
-        device: str = "cpu",
-        batch_size: int = 16,
-        max_model_len: int | None = None,
-    ) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        if isinstance(model_dir_or_model, (str, Path)):
-            self.model = AutoModelForCausalLM.from_pretrained(str(model_dir_or_model), dtype=getattr(torch, dtype))
-            self.model.to(device)
-            src = str(model_dir_or_model)
-        else:
-            self.model = model_dir_or_model
-            src = getattr(self.model.config, "_name_or_path", None) or getattr(self.model, "name_or_path", None)
-        if tokenizer is None:
-            if not src:
-                raise ValueError("HFEngine got an in-memory model without a tokenizer; pass tokenizer=")
-            tokenizer = AutoTokenizer.from_pretrained(src)
-        self.tokenizer = tokenizer
-        self.model.eval()
-        self.device = next(self.model.parameters()).device
-        self.batch_size = batch_size
-        self.max_model_len = max_model_len or int(getattr(self.model.config, "max_position_embeddings", 4096))
-        # vLLM stops on the tokenizer's EOS and on every eos id of generation_config; do the same.
-        eos: set[int] = set()
-        for src_ids in (tokenizer.eos_token_id, getattr(self.model.generation_config, "eos_token_id", None)):
-            if isinstance(src_ids, int):
-                eos.add(src_ids)
-            elif src_ids:
-                eos.update(int(i) for i in src_ids)
-        self.eos_ids = sorted(eos)
-        pad = tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
-
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig | Sequence[SamplingConfig]) -> list[GenOutput]:
-        samplings = per_prompt_sampling(sampling, len(prompts))
-        out: list[GenOutput] = []
-        for i in range(0, len(prompts), self.batch_size):
-            out += self._generate_batch(prompts[i: i + self.batch_size], samplings[i: i + self.batch_size])
-        return out
-
-    def _generate_batch(self, prompts: list[list[int]], samplings: list[SamplingConfig]) -> list[GenOutput]:
-        import torch
-
-        B = len(prompts)
-        dev = self.device
-        T = max(len(p) for p in prompts)
-        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, T), dtype=torch.long)
-        for b, p in enumerate(prompts):  # left padding, so every row's next token is at column -1
-            ids[b, T - len(p):] = torch.tensor(p, dtype=torch.long)
-            mask[b, T - len(p):] = 1
-        ids, mask = ids.to(dev), mask.to(dev)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
-        gens = [torch.Generator(device="cpu").manual_seed(s.seed) if s.seed is not None else None for s in samplings]
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev)
-
-        toks: list[list[int]] = [[] for _ in range(B)]
-        lps: list[list[float]] = [[] for _ in range(B)]
-        reason: list[str | None] = [None] * B
-        stop_str: list[str | None] = [None] * B
-        max_steps = max(s.max_tokens for s in samplings)
-        past = None
-        step_ids, step_pos = ids, pos
-        with torch.no_grad():
-            for step in range(max_steps):
-                # logits_to_keep=1: only the next-token logits (the prefill would otherwise build (B, T, V)).
-                res = self.model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos,
-                                 past_key_values=past, use_cache=True, logits_to_keep=1)
-                past = res.past_key_values
-                logits = res.logits[:, -1, :].float()  # (B, V)
-                logp = torch.log_softmax(logits, dim=-1)
-                nxt = torch.full((B,), self.pad_id, dtype=torch.long)
-                for b, s in enumerate(samplings):
-                    if reason[b] is not None:
-                        continue
-                    row = logits[b].clone()
-                    if step < s.min_tokens and len(eos):
-                        row[eos] = float("-inf")
-                    t = self._pick(row, s, gens[b])
-                    nxt[b] = t
-                    toks[b].append(t)
-                    lps[b].append(float(logp[b, t]))
-                    if t in self.eos_ids:
-                        reason[b] = "eos"
-                    elif s.stop:
-                        _, hit = cut_at_stop(self.tokenizer.decode(toks[b], skip_special_tokens=True), s.stop)
-                        if hit is not None:
-                            reason[b], stop_str[b] = "stop", hit
-                    if reason[b] is None and len(toks[b]) >= s.max_tokens:
-                        reason[b] = "length"
-                if all(r is not None for r in reason):
-                    break
-                step_ids = nxt.view(B, 1).to(dev)
-                mask = torch.cat([mask, torch.ones((B, 1), dtype=mask.dtype, device=dev)], dim=1)
-                step_pos = step_pos[:, -1:] + 1
-        outs = []
-        for b, s in enumerate(samplings):
-            text = self.tokenizer.decode(toks[b], skip_special_tokens=True)
-            if reason[b] == "stop":
-                text, _ = cut_at_stop(text, s.stop)
-            outs.append(GenOutput(toks[b], lps[b], text, reason[b] or "length", stop_str[b]))
-        return outs
-
-    @staticmethod
-    def _pick(row, s: SamplingConfig, gen) -> int:
-        import torch
-
-        if s.temperature == 0:
-            return int(torch.argmax(row))
-        probs = torch.softmax(row / s.temperature, dim=-1)
-        if s.top_p < 1.0:
-            sp, si = torch.sort(probs, descending=True)
-            keep = (sp.cumsum(-1) - sp) < s.top_p  # always keeps the top token
-            probs = torch.zeros_like(probs).scatter_(0, si[keep], sp[keep])
-        return int(torch.multinomial(probs.cpu(), 1, generator=gen))
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy (HF name, tensor) pairs into the model in place; unknown names raise KeyError."""
-        import torch
-
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            for name, t in named_tensors:
-                if name not in params:
-                    raise KeyError(f"update_weights: the model has no parameter {name!r}")
-                params[name].copy_(t.to(params[name].device, params[name].dtype))
-
-    load_weights = update_weights  # the hybrid engine's per-bucket call: a copy needs no finishing step
-
-    def reset_prefix_cache(self) -> None:  # no cache outlives a generate() call
-        pass
-
-    def expect_weights(self, names: Iterable[str]) -> None:  # weights are never discarded here
-        pass
-
-    def sleep(self, level: int = 2) -> None:  # keeps its weights: a partial sync is always safe
-        pass
-
-    def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        pass

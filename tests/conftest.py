@@ -15,6 +15,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(__file__).resolve().parent.parent / ".torch_extensions"))
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,3 +73,55 @@ def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     if gen.exists():
         shutil.copy(gen, out / "generation_config.json")
     return out
+
+
+# ----------------------------------------------------------------------------- faiss-gpu without a GPU
+
+class FakeGpus:
+    """faiss-gpu's get_num_gpus / index_cpu_to_all_gpus / index_cpu_to_gpus_list over `n` pretend GPUs."""
+
+    def __init__(self, faiss, n: int):
+        self.faiss, self.n, self.calls = faiss, n, []
+
+    class GpuMultipleClonerOptions:
+        shard = False
+        useFloat16 = False
+
+    def get_num_gpus(self) -> int:
+        return self.n
+
+    def index_cpu_to_all_gpus(self, index, co=None, ngpu=-1):
+        return self.index_cpu_to_gpus_list(index, co=co, gpus=None, ngpu=ngpu, _via="all")
+
+    def index_cpu_to_gpus_list(self, index, co=None, gpus=None, ngpu=-1, _via="list"):
+        faiss = self.faiss
+        gpus = list(range(self.n)) if gpus is None else list(gpus)
+        assert all(0 <= g < self.n for g in gpus), f"faiss-gpu would fail on {gpus}"
+        if len(gpus) > 1 and co is not None and co.shard:
+            # faiss-gpu's ToGpuClonerMultiple::clone_Index_to_shards refuses anything else
+            assert isinstance(index, faiss.IndexFlat) or faiss.try_extract_index_ivf(index) is not None, type(index)
+        out = faiss.IndexShards(index.d, False, faiss.try_extract_index_ivf(index) is None)
+        n, k, rows = index.ntotal, len(gpus), {}
+        for i, g in enumerate(gpus):
+            lo, hi = n * i // k, n * (i + 1) // k
+            sub = faiss.clone_index(index)
+            drop = np.concatenate([np.arange(0, lo), np.arange(hi, n)]).astype("int64")
+            sub.remove_ids(faiss.IDSelectorBatch(drop))
+            rows[g] = sub.ntotal
+            out.add_shard(sub)
+        self.calls.append({"via": _via, "gpus": gpus, "co": co, "index_type": type(index).__name__, "rows": rows})
+        return out
+
+    def install(self, monkeypatch):
+        for name in ("get_num_gpus", "index_cpu_to_all_gpus", "index_cpu_to_gpus_list", "GpuMultipleClonerOptions"):
+            monkeypatch.setattr(self.faiss, name, getattr(self, name), raising=False)
+        return self
+
+
+@pytest.fixture
+def fake_faiss_gpus(monkeypatch):
+    """fake_faiss_gpus(n): faiss-gpu's cloners over n pretend GPUs, each a real CPU shard (FakeGpus), installed
+    on the faiss module for this test; `.calls` records every clone (GPUs, options, rows per GPU)."""
+    import faiss
+
+    return lambda n: FakeGpus(faiss, n).install(monkeypatch)

@@ -87,7 +87,7 @@ def test_cli_in_process_hf_engine_no_search(tiny_model_dir, tmp_path):
 def test_evaluate_groups_by_source(tiny_model_dir):
     from eval import EvalConfig, evaluate
     from inference.data import EvalRow
-    from inference.engines import HFEngine
+    from inference.hf_engine import HFEngine
     from inference.rollout import RolloutConfig
 
     rows = [EvalRow("What is the capital of France?", ["Paris"], "a", "1"),
@@ -206,10 +206,10 @@ def test_cli_samples_pass_at_k_hf_engine(tiny_model_dir, tmp_path, capsys):
     drawn with its own seed (so they differ), pass@3 / mean@3 in results.json and results.md; the same seed
     reproduces the run. The random model's answers are never right, so the metrics are 0, but consistent."""
     import eval as eval_cli
-    from inference import engines
+    from inference import engines, hf_engine
 
     seeds: list[int | None] = []
-    real = engines.HFEngine.generate
+    real = hf_engine.HFEngine.generate
 
     def spy(self, prompts, sampling):
         seeds.extend(s.seed for s in engines.per_prompt_sampling(sampling, len(prompts)))
@@ -217,11 +217,11 @@ def test_cli_samples_pass_at_k_hf_engine(tiny_model_dir, tmp_path, capsys):
 
     args = ["--model", str(tiny_model_dir), "--engine", "hf", "--data", EVAL_SETS[0], "--limit", "2", "--max_turns", "2",
             "--max_tokens_per_turn", "12", "--samples", "3", "--temperature", "1.0", "--seed", "7"]
-    engines.HFEngine.generate = spy
+    hf_engine.HFEngine.generate = spy
     try:
         assert eval_cli.main(args + ["--out_dir", str(tmp_path / "a")]) == 0
     finally:
-        engines.HFEngine.generate = real
+        hf_engine.HFEngine.generate = real
     assert "eval (3 samples/q)" in capsys.readouterr().err
     first_turn = seeds[:6]                                  # 2 questions x 3 samples, turn 0
     assert None not in first_turn and len(set(first_turn)) == 6

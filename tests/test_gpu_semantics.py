@@ -233,36 +233,6 @@ def test_gather_to_main_under_nccl_sends_no_cpu_tensor(monkeypatch):
 
 # ----------------------------------------------------------------------------- faiss-gpu
 
-class _CpuShardCloner:
-    """faiss-gpu's index_cpu_to_all_gpus, with a CPU faiss.IndexShards of `n` real sub-indexes in place
-    of the GPUs (co.shard: each holds a slice of the vectors; otherwise every one holds them all)."""
-
-    def __init__(self, faiss, n: int):
-        self.faiss, self.n, self.options = faiss, n, []
-
-    class GpuMultipleClonerOptions:
-        shard = False
-        useFloat16 = False
-
-    def get_num_gpus(self) -> int:
-        return self.n
-
-    def index_cpu_to_all_gpus(self, index, co=None, ngpu=-1):
-        faiss = self.faiss
-        self.options.append(co)
-        ivf = faiss.try_extract_index_ivf(index) is not None
-        out = faiss.IndexShards(index.d, False, not ivf)   # successive ids for flat codes; IVF keeps its ids
-        n = index.ntotal
-        for i in range(self.n):
-            sub = faiss.clone_index(index)
-            if co is not None and co.shard:
-                lo, hi = n * i // self.n, n * (i + 1) // self.n
-                drop = np.concatenate([np.arange(0, lo), np.arange(hi, n)]).astype("int64")
-                sub.remove_ids(faiss.IDSelectorBatch(drop))
-            out.add_shard(sub)                              # faiss's wrapper keeps `sub` alive
-        return out if co is not None and co.shard else index
-
-
 def test_faiss_gpu_without_gpu_support_is_refused_clearly():
     import faiss
 
@@ -276,7 +246,7 @@ def test_faiss_gpu_without_gpu_support_is_refused_clearly():
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind,fp16", [("flat", False), ("flat", True), ("ivfpq", False), ("hnsw", False)])
-def test_faiss_gpu_sharding_keeps_the_search_results(monkeypatch, kind, fp16):
+def test_faiss_gpu_sharding_keeps_the_search_results(fake_faiss_gpus, kind, fp16):
     """retriever._to_gpus on the index types build_index makes: shards (not replicas) with the manifest's
     fp16 flag, HNSW left on the CPU; searching the sharded index gives the unsharded index's hits."""
     import faiss
@@ -297,14 +267,14 @@ def test_faiss_gpu_sharding_keeps_the_search_results(monkeypatch, kind, fp16):
     if kind == "ivfpq":
         faiss.extract_index_ivf(idx).nprobe = 16
     want_s, want_i = idx.search(q, 10)
-    cloner = _CpuShardCloner(faiss, 3)
-    for name in ("get_num_gpus", "index_cpu_to_all_gpus", "GpuMultipleClonerOptions"):
-        monkeypatch.setattr(faiss, name, getattr(cloner, name), raising=False)
+    gpus = fake_faiss_gpus(3)
     got = _to_gpus(faiss, idx, {"index_type": kind, "fp16": fp16})
     if kind == "hnsw":
-        assert got is idx and cloner.options == []                       # FAISS has no GPU HNSW
+        assert got is idx and gpus.calls == []                           # FAISS has no GPU HNSW
         return
-    (co,) = cloner.options
+    (call,) = gpus.calls
+    co = call["co"]
+    assert call["via"] == "all" and call["gpus"] == [0, 1, 2]            # no ids named: every visible GPU
     assert co.shard is True and co.useFloat16 is fp16
     assert got is not idx and got.ntotal == idx.ntotal
     got_s, got_i = got.search(q, 10)
@@ -354,7 +324,8 @@ def test_hf_engine_on_cuda_generates_what_it_generates_on_cpu():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from inference.engines import HFEngine, SamplingConfig
+    from inference.engines import SamplingConfig
+    from inference.hf_engine import HFEngine
 
     vocab = {f"t{i}": i for i in range(VOCAB)}
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t0")), eos_token="t1",

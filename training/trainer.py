@@ -146,7 +146,8 @@ class SSPTrainer:
 
     def _build(self) -> None:
         from inference.data import clamp_search_turns, load_proposer_rows
-        from inference.engines import HFEngine, VLLMEngine
+        from inference.engines import VLLMEngine
+        from inference.hf_engine import HFEngine
         from inference.game import GameConfig, QuestionPool
         from inference.judge import Judge
         from training.engine_builder import build_engines

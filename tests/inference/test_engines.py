@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engines import GenOutput, HFEngine, SamplingConfig, cut_at_stop, group_by_layer, preserved_rng
+from inference.engines import GenOutput, SamplingConfig, cut_at_stop, group_by_layer, preserved_rng
+from inference.hf_engine import HFEngine
 from inference.prompts import build_solver_prompt
 
 pytestmark = pytest.mark.timeout(600)

@@ -188,7 +188,7 @@ def test_unclosed_block_cut_by_the_token_budget_is_masked_to_the_end(tiny):
 def test_real_model_self_search_mask(smollm2_dir):
     """SmolLM2-135M (HFEngine), few-shot prompted to write its own results: whatever it samples, the
     mask follows the reference; the seeded run must write at least one block for the check to bite."""
-    from inference.engines import HFEngine
+    from inference.hf_engine import HFEngine
 
     eng = HFEngine(smollm2_dir, batch_size=4)
     tok = eng.tokenizer

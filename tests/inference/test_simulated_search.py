@@ -127,7 +127,7 @@ class Replay:
 def test_drops_into_the_rollout_loop(tiny_model_dir):
     # The simulator (tiny model, in-process HFEngine) as the rollout's search_fn: its documents are what
     # the policy reads in <information>, masked 0, and the trajectory records them with their kind.
-    from inference.engines import HFEngine
+    from inference.hf_engine import HFEngine
 
     sim_engine = HFEngine(tiny_model_dir)
     tok = sim_engine.tokenizer

@@ -1,7 +1,7 @@
 """Which GPUs the FAISS index goes to (--faiss-gpus), and how many bytes it puts on each (retriever_gpu_bytes).
 
 No GPU here: as in tests/test_gpu_semantics.py::test_faiss_gpu_sharding_keeps_the_search_results, faiss-gpu's
-cloners are replaced by CPU faiss.IndexShards that split the vectors the way faiss-gpu does (contiguous slices,
+cloners are replaced (the fake_faiss_gpus fixture of tests/conftest.py) by CPU faiss.IndexShards that split the vectors the way faiss-gpu does (contiguous slices,
 shard i on the i-th GPU named), so the choice logic, the shard sizes and the search results are checked for real.
 """
 
@@ -13,47 +13,6 @@ import pytest
 from retrieval.retriever import (_to_gpus, check_gpu_ids, load_retriever, parse_gpu_ids, retriever_gpu_bytes)
 
 WIKI18 = 21_015_324
-
-
-class FakeGpus:
-    """faiss-gpu's get_num_gpus / index_cpu_to_all_gpus / index_cpu_to_gpus_list over `n` pretend GPUs."""
-
-    def __init__(self, faiss, n: int):
-        self.faiss, self.n, self.calls = faiss, n, []
-
-    class GpuMultipleClonerOptions:
-        shard = False
-        useFloat16 = False
-
-    def get_num_gpus(self) -> int:
-        return self.n
-
-    def index_cpu_to_all_gpus(self, index, co=None, ngpu=-1):
-        return self.index_cpu_to_gpus_list(index, co=co, gpus=None, ngpu=ngpu, _via="all")
-
-    def index_cpu_to_gpus_list(self, index, co=None, gpus=None, ngpu=-1, _via="list"):
-        faiss = self.faiss
-        gpus = list(range(self.n)) if gpus is None else list(gpus)
-        assert all(0 <= g < self.n for g in gpus), f"faiss-gpu would fail on {gpus}"
-        if len(gpus) > 1 and co is not None and co.shard:
-            # faiss-gpu's ToGpuClonerMultiple::clone_Index_to_shards refuses anything else
-            assert isinstance(index, faiss.IndexFlat) or faiss.try_extract_index_ivf(index) is not None, type(index)
-        out = faiss.IndexShards(index.d, False, faiss.try_extract_index_ivf(index) is None)
-        n, k, rows = index.ntotal, len(gpus), {}
-        for i, g in enumerate(gpus):
-            lo, hi = n * i // k, n * (i + 1) // k
-            sub = faiss.clone_index(index)
-            drop = np.concatenate([np.arange(0, lo), np.arange(hi, n)]).astype("int64")
-            sub.remove_ids(faiss.IDSelectorBatch(drop))
-            rows[g] = sub.ntotal
-            out.add_shard(sub)
-        self.calls.append({"via": _via, "gpus": gpus, "co": co, "index_type": type(index).__name__, "rows": rows})
-        return out
-
-    def install(self, monkeypatch):
-        for name in ("get_num_gpus", "index_cpu_to_all_gpus", "index_cpu_to_gpus_list", "GpuMultipleClonerOptions"):
-            monkeypatch.setattr(self.faiss, name, getattr(self, name), raising=False)
-        return self
 
 
 def _data(n=601, d=32, seed=0):
@@ -109,7 +68,7 @@ def test_retriever_gpu_bytes_is_pure(helpers):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind,fp16", [("flat", False), ("flat", True), ("ivfpq", False)])
-def test_chosen_gpus_get_the_shards_and_results_stay_the_same(monkeypatch, kind, fp16):
+def test_chosen_gpus_get_the_shards_and_results_stay_the_same(fake_faiss_gpus, kind, fp16):
     import faiss
 
     from retrieval.build_index import make_faiss_index
@@ -124,7 +83,7 @@ def test_chosen_gpus_get_the_shards_and_results_stay_the_same(monkeypatch, kind,
     if kind == "ivfpq":
         faiss.extract_index_ivf(idx).nprobe = 16
     want_s, want_i = idx.search(q, 10)
-    gpus = FakeGpus(faiss, 4).install(monkeypatch)
+    gpus = fake_faiss_gpus(4)
     got = _to_gpus(faiss, idx, {"index_type": kind, "fp16": fp16}, gpus=[3, 1])
     (call,) = gpus.calls
     assert call["via"] == "list" and call["gpus"] == [3, 1] and call["co"].shard is True
@@ -139,13 +98,13 @@ def test_chosen_gpus_get_the_shards_and_results_stay_the_same(monkeypatch, kind,
     np.testing.assert_allclose(got_s, want_s, rtol=1e-5, atol=1e-5)
 
 
-def test_default_is_every_visible_gpu_and_bad_ids_are_refused(monkeypatch):
+def test_default_is_every_visible_gpu_and_bad_ids_are_refused(fake_faiss_gpus):
     import faiss
 
     x, q = _data()
     idx = faiss.IndexFlatIP(32)
     idx.add(x)
-    gpus = FakeGpus(faiss, 3).install(monkeypatch)
+    gpus = fake_faiss_gpus(3)
     got = _to_gpus(faiss, idx, {"index_type": "flat", "fp16": False})
     assert gpus.calls[-1]["via"] == "all" and gpus.calls[-1]["gpus"] == [0, 1, 2]
     assert np.array_equal(got.search(q, 5)[1], idx.search(q, 5)[1])
@@ -162,10 +121,10 @@ def test_default_is_every_visible_gpu_and_bad_ids_are_refused(monkeypatch):
 
 
 @pytest.mark.timeout(300)
-def test_dense_retriever_on_chosen_gpus_returns_the_cpu_results(monkeypatch, dense_index, dense_retriever, helpers):
+def test_dense_retriever_on_chosen_gpus_returns_the_cpu_results(fake_faiss_gpus, dense_index, dense_retriever, helpers):
     import faiss
 
-    gpus = FakeGpus(faiss, 4).install(monkeypatch)
+    gpus = fake_faiss_gpus(4)
     r = load_retriever(dense_index, faiss_gpus=[2, 3])  # naming GPUs turns faiss_gpu on
     assert gpus.calls[-1]["gpus"] == [2, 3] and gpus.calls[-1]["rows"] == {2: 32, 3: 32}
     qs = ["ancient greek philosophy", "abstract art movement", "chemistry element"]

@@ -164,7 +164,7 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def hf_engine(tiny_model_dir):
-    from inference.engines import HFEngine
+    from inference.hf_engine import HFEngine
 
     return HFEngine(tiny_model_dir, batch_size=32)
 
