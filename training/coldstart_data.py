@@ -96,12 +96,18 @@ class EvalIndex:
     def __init__(self, eval_rows: Iterable[Any]):
         self.questions: dict[str, tuple[str, str]] = {}   # norm question -> (label, question)
         self.answers: dict[str, tuple[str, str]] = {}     # norm answer -> (label, question)
+        # Rows that name their entities (the reading and two-hop sets, dataprep/reading_sets.py) ban the
+        # entities, not the answers: their answers are years and places that many unrelated facts share.
+        self.entities: dict[str, tuple[str, str]] = {}
         self.n_rows = 0
         for row in eval_rows:
             q, golden, label = _eval_fields(row)
             self.n_rows += 1
             self.questions.setdefault(normalize_answer(q), (label, q))
-            for a in golden:
+            ents = row.get("entities") if isinstance(row, dict) else row.meta.get("entities")
+            for e in ents or []:
+                self.entities.setdefault(normalize_answer(e), (label, q))
+            for a in [] if ents else golden:
                 if normalize_answer(a):
                     self.answers.setdefault(normalize_answer(a), (label, q))
         # Short eval questions would match by chance inside longer text; equality still covers them.
@@ -122,6 +128,10 @@ class EvalIndex:
             if na in self.answers:
                 lab, eq = self.answers[na]
                 out.append(f"answer {a!r} equals a golden answer of eval row {lab} {eq!r}")
+        for e in as_answer_list(demo.get("answer")) + list(demo.get("entities") or []):
+            if normalize_answer(e) in self.entities:
+                lab, eq = self.entities[normalize_answer(e)]
+                out.append(f"{e!r} is an entity of eval row {lab} {eq!r}")
         if not out:  # containment: an eval question copied into the demo's question or a model turn
             texts = [q] + [t.get("text", "") for t in demo.get("turns", []) if t.get("kind") == "model"]
             padded = [f" {normalize_answer(t)} " for t in texts if t]

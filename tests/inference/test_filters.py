@@ -80,3 +80,14 @@ def test_helpers():
 def test_bad_config():
     with pytest.raises(ValueError, match="min_chars"):
         FilterConfig(min_chars=20, max_chars=10)
+
+
+def test_answer_that_is_not_the_first_searchs_doc1_title_passes():
+    """Issue 21: with --min_searches 2 the proposer's path holds two searches; a question whose answer is a
+    span of the second search's text (not the first search's Doc 1 title) must stay valid."""
+    docs = [[{"contents": "Abuja\nAbuja is the capital city of Nigeria."}],
+            [{"contents": "Nigeria\nWith a population of more than 242 million, Nigeria is the most populous."}]]
+    q = "What is the population of the place whose capital is Abuja?"
+    cfg = FilterConfig(min_searches=2)
+    assert check_question(q, "242 million", ["Abuja", "Nigeria"], docs, 2, cfg) is None
+    assert check_question(q, "242 million", ["Abuja", "Abuja"], docs, 2, cfg) == "too_few_searches"
