@@ -23,6 +23,14 @@ match (no server). Outputs in --out_dir: results.json (protocol + metrics), resu
 question), config.json (the resolved flags); a folder that already holds any of them is refused
 unless --overwrite is given. `evaluate()` is the reusable part: the trainer calls it for periodic eval.
 
+Title heuristic (issue 21): a policy can score by answering with the title of the first retrieved
+document, so every report measures against that. Per data source: title_baseline_em (Doc 1's title of
+the rollout's own first search as the answer), question_title_em (the question itself searched once with
+the same backend and topk, Doc 1's title as the answer; policy-free, None without a search tool),
+title_copy_at {"1", "2", ..} (the prediction equals Doc k's title of the last search), title_copy_any,
+title_ceiling (some retrieved title is a golden answer) and searches_hist (share per number of searches);
+results.md shows them in its "## Title heuristic" table, examples.jsonl keeps each rollout's doc_titles.
+
 The protocol follows the run: when --model lies in a train.py run folder (the folder itself, its
 checkpoints/, checkpoints/step_N, or checkpoints/step_N/hf; the first two mean the latest checkpoint),
 the run's config.json supplies every rollout-protocol setting not given on the command line: dtype,
@@ -68,12 +76,13 @@ from inference.prompts import TEMPLATES, build_solver_prompt
 from inference.self_search import build_self_search_prompt
 from inference.rewards import extract_answer
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from utils.text import exact_match, f1_score, substring_match
+from utils.text import exact_match, f1_score, normalize_answer, substring_match
 
 METRICS = ("em", "f1", "sub_em", "judge_acc", "turns_mean", "searches_mean", "no_answer_rate")
 # What main() writes into --out_dir. Any of them already there is refused without --overwrite; other
 # files (scripts/eval.sh tees its eval.log there first, a --judge_cache may live there) are left alone.
 OUTPUTS = ("results.json", "results.md", "examples.jsonl", "config.json")
+log = logging.getLogger("eval")
 
 
 @dataclass
@@ -112,7 +121,16 @@ def pass_ks(samples: int) -> list[int]:
 
 
 SAMPLE_FIELDS = ("pred", "em", "f1", "sub_em", "judge_correct", "judge_source", "judge_failed", "turns", "searches",
-                 "stop_reason", "queries", "response")
+                 "stop_reason", "queries", "response", "doc_titles")
+COPY_KS = 3  # title_copy_at reports k = 1..max(COPY_KS, most docs one search returned), so tables keep their columns
+
+
+def doc_title(d: Any) -> str:
+    """A document's title as the model reads it (inference/prompts.py format_docs): the first line of its
+    contents, stripped; contents without a newline have no title."""
+    contents = str(d.get("contents", "") if isinstance(d, dict) else d)
+    title, sep, _ = contents.partition("\n")
+    return title.strip() if sep else ""
 
 
 def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:
@@ -122,6 +140,23 @@ def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:
         "sub_em": substring_match(p, golden), "judge_correct": bool(v.correct), "judge_source": v.source,
         "judge_failed": v.judge_failed, "turns": t.num_turns, "searches": t.num_searches,
         "stop_reason": t.stop_reason, "queries": t.info.get("queries", []), "response": t.response_text,
+        "doc_titles": [[doc_title(d) for d in docs] for docs in t.info.get("docs", [])],
+    }
+
+
+def _title_stats(r: dict, ks: int) -> dict:
+    """One sample against the "answer with a retrieved title" heuristic the policy converged on (issue 21):
+    its own first search's Doc 1 title scored as the answer, whether its prediction copies a title, and
+    whether any title it saw was right."""
+    titles, golden = r.get("doc_titles") or [], r.get("golden_answers") or []
+    pred = None if r.get("pred") is None else normalize_answer(r["pred"])
+    seen = [t for docs in titles for t in docs if normalize_answer(t)]
+    last = titles[-1] if titles else []
+    return {
+        "baseline": bool(titles and titles[0] and exact_match(titles[0][0], golden)),
+        "copy_at": [bool(pred) and k < len(last) and pred == normalize_answer(last[k]) for k in range(ks)],
+        "copy_any": bool(pred) and any(pred == normalize_answer(t) for t in seen),
+        "ceiling": any(exact_match(t, golden) for t in seen),
     }
 
 
@@ -129,7 +164,8 @@ def _group_metrics(recs: list[dict], samples: int = 1) -> dict:
     """Means over questions; with samples K > 1 each per-sample field is a list of K, and the means run
     over all n*K samples, plus pass@K, mean@K and pass@k_unbiased from the judge verdicts."""
     n = len(recs)
-    flat = recs if samples == 1 else [{key: r[key][j] for key in SAMPLE_FIELDS} for r in recs for j in range(samples)]
+    flat = recs if samples == 1 else [{**{key: r[key][j] for key in SAMPLE_FIELDS}, "golden_answers": r.get("golden_answers")}
+                                      for r in recs for j in range(samples)]
     m = len(flat)
 
     def mean(key: str) -> float:
@@ -141,6 +177,23 @@ def _group_metrics(recs: list[dict], samples: int = 1) -> dict:
         "no_answer_rate": round(sum(r["pred"] is None for r in flat) / m, 4) if m else 0.0,
         "judge_failed": sum(bool(r["judge_failed"]) for r in flat),
     }
+    # the title heuristic (issue 21): shares over all samples, like the means above
+    ks = max([COPY_KS] + [len(docs) for r in flat for docs in (r.get("doc_titles") or [])])
+    stats = [_title_stats(r, ks) for r in flat]
+
+    def share(flags: Sequence[bool]) -> float:
+        return round(sum(map(bool, flags)) / m, 4) if m else 0.0
+
+    searches = [int(r["searches"] or 0) for r in flat]
+    qt = [r["question_title_em"] for r in recs if r.get("question_title_em") is not None]
+    out.update({
+        "title_baseline_em": share([s["baseline"] for s in stats]),
+        "question_title_em": round(sum(map(float, qt)) / len(qt), 4) if qt else None,
+        "title_copy_at": {str(k + 1): share([s["copy_at"][k] for s in stats]) for k in range(ks)},
+        "title_copy_any": share([s["copy_any"] for s in stats]),
+        "title_ceiling": share([s["ceiling"] for s in stats]),
+        "searches_hist": {str(k): share([x == k for x in searches]) for k in sorted(set(searches))},
+    })
     if samples > 1:
         correct = [sum(map(bool, r["judge_correct"])) for r in recs]
         out[f"pass@{samples}"] = round(sum(c > 0 for c in correct) / n, 4) if n else 0.0
@@ -150,12 +203,30 @@ def _group_metrics(recs: list[dict], samples: int = 1) -> dict:
     return out
 
 
+def _question_title_em(search_fn: Callable | None, rows: Sequence[EvalRow], topk: int) -> list[bool | None]:
+    """The policy-free baseline: search each question's own text once (same backend and topk as the rollouts)
+    and answer Doc 1's title. None per row without a search tool, or when the backend fails (logged)."""
+    if search_fn is None:
+        return [None] * len(rows)
+    try:
+        results = search_fn([r.question for r in rows], topk)
+        if not isinstance(results, list) or len(results) != len(rows):
+            raise ValueError(f"search_fn returned {len(results) if isinstance(results, list) else results!r} "
+                             f"result lists for {len(rows)} questions")
+    except Exception as e:  # noqa: BLE001 - a baseline must not kill the eval
+        log.warning("question-title baseline: search failed for %d questions: %s: %s", len(rows), type(e).__name__, e)
+        return [None] * len(rows)
+    return [bool(docs) and bool(exact_match(doc_title(docs[0]), r.golden_answers)) for r, docs in zip(rows, results)]
+
+
 def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
     """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
 
     overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,
-    no_answer_rate, judge_failed (+ pass@K, mean@K, pass@k_unbiased when K > 1). examples:
-    one dict per row, in order; with K > 1 its SAMPLE_FIELDS are lists of K, in sample order.
+    no_answer_rate, judge_failed, the title heuristic (title_baseline_em, question_title_em,
+    title_copy_at, title_copy_any, title_ceiling, searches_hist; see markdown_report) (+ pass@K,
+    mean@K, pass@k_unbiased when K > 1). examples: one dict per row, in order; with K > 1 its
+    SAMPLE_FIELDS are lists of K, in sample order; question_title_em is per row (None without search).
     """
     K = cfg.samples
     examples: list[dict] = []
@@ -175,11 +246,12 @@ def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, c
         preds = [extract_answer(t.response_text) for t in trajs]
         verdicts = cfg.judge.judge_many([JudgeItem(q.question, q.answer, p) for q, p in zip(reqs, preds)])
         recs = [_sample_record(q.answer, t, p, v) for q, t, p, v in zip(reqs, trajs, preds, verdicts)]
+        qt = _question_title_em(search_fn, chunk, cfg.rollout.topk)
         for i, r in enumerate(chunk):
             mine = recs[i * K: (i + 1) * K]
             fields = mine[0] if K == 1 else {key: [s[key] for s in mine] for key in SAMPLE_FIELDS}
             examples.append({"id": r.id, "data_source": r.data_source, "question": r.question,
-                             "golden_answers": r.golden_answers, **fields})
+                             "golden_answers": r.golden_answers, **fields, "question_title_em": qt[i]})
         if bar is not None:
             bar.update(len(chunk))
     if bar is not None:
@@ -224,7 +296,32 @@ def markdown_report(protocol: dict, result: dict, settings: dict | None = None) 
     table = [] if not settings else ["", "| setting | value | source |", "|---|---|---|",
                                      *(f"| {k} | {s['value']} | {s['source']} |" for k, s in settings.items())]
     return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), *table, "", "## Results", "",
-                      *note, head, *rows, ""])
+                      *note, head, *rows, "", *title_table(result), ""])
+
+
+def hist_str(hist: dict) -> str:
+    """{"0": 0.01, "1": 0.85} -> "0:0.01 1:0.85"."""
+    return " ".join(f"{k}:{v:.2f}" for k, v in hist.items()) or "-"
+
+
+def title_table(result: dict) -> list[str]:
+    """The "## Title heuristic" section: the policy against answering with a retrieved document's title (issue 21)."""
+    groups = list(result["per_source"].items()) + [("**overall**", result["overall"])]
+    ks = list(result["overall"]["title_copy_at"])
+    rows = ["| data_source | n | EM | title baseline (own 1st search) | question-title baseline | "
+            + " | ".join(f"copy@{k}" for k in ks) + " | copy any | title ceiling | searches |",
+            "|---|---|---|---|---|" + "---|" * len(ks) + "---|---|---|"]
+    for name, m in groups:
+        qt = "-" if m.get("question_title_em") is None else f"{m['question_title_em']:.3f}"
+        rows.append(f"| {name} | {m['n']} | {m['em']:.3f} | {m['title_baseline_em']:.3f} | {qt} | "
+                    + " | ".join(f"{m['title_copy_at'].get(k, 0.0):.3f}" for k in ks)
+                    + f" | {m['title_copy_any']:.3f} | {m['title_ceiling']:.3f} | {hist_str(m['searches_hist'])} |")
+    return ["## Title heuristic", "", *rows, "",
+            "Title baseline: Doc 1's title of the rollout's own first search taken as the answer (EM); question-title "
+            "baseline: the question itself searched once with the same backend and topk, Doc 1's title as the answer "
+            "(- without a search tool); copy@k: the prediction equals the title of Doc k of the last search; copy any: "
+            "it equals any retrieved title; title ceiling: some retrieved title is a golden answer; searches: share of "
+            "rollouts per number of searches."]
 
 
 def write_outputs(out_dir: Path, protocol: dict, result: dict, settings: dict | None = None) -> None:

@@ -12,20 +12,43 @@ Rungs, each read from the run folder <out> and reported only when asked for:
       <out>/qa_seed<S>. Section learning_qa; keys learning_qa.*.
   rung 2, SSP (--steps M..): both roles trained, run folders <out>/seed<S>. Section --name
       (default learning); keys learning.*.
+
+The primary metric is the reading score: EM pooled (n-weighted) over the held-out sets that need the
+retrieved text read, READING_SOURCES, in %. The policy was found answering with the title of the first
+retrieved document (issue 21), which wiki_desc_heldout rewards, so that set stays in the tables but no
+longer decides, and every number is set against the title heuristic (eval.py's title_* fields).
 Per RL rung, from <out>/eval_sft/results.json (the shared SFT start), <prefix><S>/metrics.jsonl (the
 training games), <prefix><S>/eval_step<M>/results.json per milestone and <out>/timings.tsv:
-  <name>.solver_acc_gain   held-out EM at the last milestone minus after SFT, points, mean over seeds
-                           (the primary metric: overall EM over every held-out question)
-  <name>.seed_std          sample standard deviation (ddof=1) of that gain over seeds, points
-  <name>.minutes_per_seed  minutes one seed takes end to end on its own: SFT + SFT eval (shared here,
-                           counted in full for every seed) + RL + its evals
-One PNG (--png) shows every RL rung asked for, a row each: three training curves and held-out EM.
+  <name>.reading_gain           reading score at the last milestone minus after SFT, points, mean over seeds
+                                (the primary metric)
+  <name>.reading_seed_std       sample standard deviation (ddof=1) of that gain over seeds, points
+  <name>.reading_score          {seed: reading score at the last milestone, %}; .sft_reading_score: at SFT
+  <name>.reading_gain_by_step   {milestone: mean reading gain}
+  <name>.reading_title_baseline {"sft", "final"}: Doc 1's title of the model's own first search as the
+                                answer, pooled like the reading score, % ("final": mean over seeds)
+  <name>.title_copy_share       {"sft", "final"}: answers equal to Doc 1's title of the last search, pooled, %
+  <name>.searches_per_question  {"set", "sft": {"mean", "hist"}, "final": {"mean", "hist"}} on the two-hop
+                                set (twohop_heldout, else fanoutqa); "final" averaged over seeds
+  <name>.solver_acc_gain        overall held-out EM (every set) gain, points, mean over seeds (secondary)
+  <name>.seed_std               its sample standard deviation over seeds, points
+  <name>.minutes_per_seed       minutes one seed takes end to end on its own: SFT + SFT eval (shared here,
+                                counted in full for every seed) + RL + its evals
+The SFT eval against the title heuristic (section learning_baseline, written with any RL rung):
+  learning_baseline.title_em     {"overall", <data_source>..}: question-title baseline, % (the question
+                                 searched once, Doc 1's title as the answer; policy-free)
+  learning_baseline.title_em_own the same for Doc 1's title of SFT's own first search
+Targets, each reported met / NOT met: (a) SFT reading score > its own title baseline; (b) per rung,
+reading gain > 2 x seed std; (c) two-hop searches per question rise from SFT in at least one RL rung.
+One PNG (--png) shows every RL rung asked for, a row each: three training curves, then over milestones
+(step 0 = SFT; mean over seeds, seeds faint) the reading score against the title baselines, the title-copy
+share and the two-hop searches per question.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -97,6 +120,69 @@ def em(res: dict, src: str | None = None) -> float:
     return 100 * g["em"] if g else float("nan")
 
 
+# data_source values whose questions need the retrieved text read (fanoutqa: multi-hop FanOutQA, fanoutqa_single:
+# single-hop); the reading score pools EM over those present. wiki_desc_heldout is answered by a title: not here.
+READING_SOURCES = ("reading_heldout", "twohop_heldout", "capitals", "fanoutqa", "fanoutqa_single")
+TWOHOP_SOURCES = ("twohop_heldout", "fanoutqa")  # searches per question is read on the first one present
+NAN = float("nan")
+
+
+def field(g: dict, key: str) -> float | None:
+    """g[key], or g["title_copy_at"]["1"] for "title_copy_at.1"; None where the eval predates the field."""
+    head, _, sub = key.partition(".")
+    v = g.get(head)
+    return (v or {}).get(sub) if sub else v
+
+
+def pooled(res: dict, key: str = "em", sources: tuple | None = READING_SOURCES) -> float:
+    """key pooled over the data sources present (all with sources=None), n-weighted, in %; nan if none has it."""
+    pairs = [(g["n"], field(g, key)) for src, g in res["per_source"].items() if sources is None or src in sources]
+    pairs = [(n, v) for n, v in pairs if v is not None]
+    n = sum(n for n, _ in pairs)
+    return 100 * sum(n * v for n, v in pairs) / n if n else NAN
+
+
+def pooled_hist(res: dict, sources: tuple | None = READING_SOURCES) -> dict:
+    """searches_hist pooled like pooled()."""
+    groups = [g for src, g in res["per_source"].items() if (sources is None or src in sources) and g.get("searches_hist")]
+    n = sum(g["n"] for g in groups)
+    return mean_hist([g["searches_hist"] for g in groups], [g["n"] / n for g in groups]) if n else {}
+
+
+def mean_hist(hists: list[dict], weights: list[float] | None = None) -> dict:
+    """Weighted (default: plain) mean of {"searches": share} dicts, a missing key counting 0."""
+    w = weights or [1 / len(hists)] * len(hists)
+    keys = sorted({k for h in hists for k in h}, key=int)
+    return {k: round(sum(wi * h.get(k, 0.0) for wi, h in zip(w, hists)), 4) for k in keys}
+
+
+def hist_str(hist: dict) -> str:
+    return " ".join(f"{k}:{v:.2f}" for k, v in hist.items()) or "-"
+
+
+def twohop_set(res: dict) -> str | None:
+    return next((s for s in TWOHOP_SOURCES if s in res["per_source"]), None)
+
+
+def searches(res: dict, src: str | None) -> tuple[float, dict]:
+    """(searches per question, their distribution) on one data source; nan / {} where it is missing."""
+    g = res["per_source"].get(src) or {}
+    return (NAN if g.get("searches_mean") is None else g["searches_mean"]), g.get("searches_hist") or {}
+
+
+def _num(x: float, nd: int = 2) -> float | None:
+    """A JSON-safe rounded number: None for nan (not measured)."""
+    return None if x is None or math.isnan(x) else round(x, nd)
+
+
+def _f(x: float | None, fmt: str = ".1f") -> str:
+    return "-" if x is None or math.isnan(x) else format(x, fmt)
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a (not measured)" if ok is None else ("met" if ok else "NOT met")
+
+
 def load_rung(out: Path, prefix: str, seeds: list[str], steps: list[int]) -> dict:
     runs = {}
     for s in seeds:
@@ -126,43 +212,115 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
     gains = {m: [em(runs[s]["evals"][m]) - em0 for s in seeds] for m in steps}
     mean_gain = statistics.mean(gains[last])
     std = statistics.stdev(gains[last]) if len(seeds) > 1 else float("nan")
+    # the primary metric: the reading score, EM pooled over READING_SOURCES
+    read0 = pooled(sft)
+    rgains = {m: [pooled(runs[s]["evals"][m]) - read0 for s in seeds] for m in steps}
+    rgain = statistics.mean(rgains[last])
+    rstd = statistics.stdev(rgains[last]) if len(seeds) > 1 and not math.isnan(rgain) else NAN
+    finals = [runs[s]["evals"][last] for s in seeds]
+    tb0, tb = pooled(sft, "title_baseline_em"), statistics.mean(pooled(r, "title_baseline_em") for r in finals)
+    cp0, cp = pooled(sft, "title_copy_at.1"), statistics.mean(pooled(r, "title_copy_at.1") for r in finals)
+    hop = twohop_set(sft)
+    (sq0, sh0), sqs = searches(sft, hop), [searches(r, hop) for r in finals]
+    sq = statistics.mean(x for x, _ in sqs)
     shared = t.get(("sft", "-"), 0.0) + t.get(("eval_sft", "-"), 0.0)
     stage = "rl_qa" if rung == "qa" else "rl"  # timings.tsv stages: rl_qa + eval_qa_step<M>, rl + eval_step<M>
     ev = "eval_qa_step" if rung == "qa" else "eval_step"
     per_seed = {s: (t.get((stage, s), 0.0) + sum(t.get((f"{ev}{m}", s), 0.0) for m in steps)) / 60 for s in seeds}
     minutes = statistics.mean(shared / 60 + m for m in per_seed.values())
 
-    rows = [["SFT (start)", "0", "-", f"{em0:.1f}"] + [f"{em(sft, k):.1f}" for k in sources] + ["-"] * len(columns)]
+    def cells(res: dict) -> list[str]:
+        return [_f(pooled(res)), _f(pooled(res, "title_baseline_em")), _f(pooled(res, "title_copy_at.1")),
+                _f(searches(res, hop)[0], ".2f"), f"{em(res):.1f}"]
+
+    rows = [["SFT (start)", "0", "-"] + cells(sft) + ["-"] + [f"{em(sft, k):.1f}" for k in sources] + ["-"] * len(columns)]
     for s in seeds:
         mets, prev = runs[s]["metrics"], 0
         for m in steps:
             seg = [r for r in mets if prev < r["step"] <= m]  # training steps since the previous milestone
             res = runs[s]["evals"][m]
-            rows.append([f"seed {s}", str(m), f"{em(res) - em0:+.1f}", f"{em(res):.1f}"]
+            rows.append([f"seed {s}", str(m), _f(pooled(res) - read0, "+.1f")] + cells(res) + [f"{em(res) - em0:+.1f}"]
                         + [f"{em(res, k):.1f}" for k in sources] + [f"{fn(seg):.2f}" if seg else "-" for _, fn in columns])
             prev = m
-    table = md_table(["run", "step", "gain (pts)", "EM overall %"] + [f"EM {k} %" for k in sources]
-                     + [c for c, _ in columns], rows)
+    table = md_table(["run", "step", "reading gain (pts)", "reading %", "reading title baseline %", "copy@1 %",
+                      f"searches/q {hop or '(no two-hop set)'}", "EM overall %", "overall gain (pts)"]
+                     + [f"EM {k} %" for k in sources] + [c for c, _ in columns], rows)
     by_step = "; ".join(f"step {m}: {statistics.mean(g):+.2f} (seeds {', '.join(f'{x:+.1f}' for x in g)})"
                         for m, g in gains.items())
+    rby_step = "; ".join(f"step {m}: {_f(statistics.mean(g), '+.2f')} (seeds {', '.join(_f(x, '+.1f') for x in g)})"
+                         for m, g in rgains.items())
+    reading = [k for k in sources if k in READING_SOURCES]
+    n_read = sum(sft["per_source"][k]["n"] for k in reading)
     what = ("solver-only RL on fixed QA rows from the corpus (self-play off)" if rung == "qa"
             else "SSP self-play, both roles trained")
+    rises = None if math.isnan(sq0) or math.isnan(sq) else sq > sq0
     md = (f"Rung {'1' if rung == 'qa' else '2'}: {what}; {recipe_line(out / f'{prefix}{seeds[0]}' / 'config.json', rung)}. "
           f"From the shared SFT start ({shared / 60:.1f} min with its eval), a greedy held-out eval at steps "
-          f"{', '.join(map(str, steps))}, same protocol as the SFT eval. Primary metric, fixed before the runs: "
-          f"overall EM over all {sft['overall']['n']} held-out questions at step {last}. The last columns are means "
-          f"over the training steps since the previous milestone (training games, not held-out).\n\n"
+          f"{', '.join(map(str, steps))}, same protocol as the SFT eval. Primary metric: the reading score, EM pooled "
+          f"(n-weighted) over the sets that need the documents read ({', '.join(reading) or 'none in this eval'}; "
+          f"{n_read} questions) at step {last}, minus SFT's. Overall EM over all {sft['overall']['n']} held-out "
+          f"questions (wiki_desc_heldout, answered by a title, included) is kept as a secondary column. Reading title "
+          f"baseline: Doc 1's title of the model's own first search taken as the answer, pooled the same way; copy@1: "
+          f"answers equal to Doc 1's title of the last search; searches/q: searches per question on the two-hop set. "
+          f"The last columns are means over the training steps since the previous milestone (training games, not "
+          f"held-out).\n\n"
           f"{table}\n\n"
-          f"- **solver_acc_gain = {mean_gain:+.2f} points** at step {last} (mean over {len(seeds)} seeds), "
-          f"seed std {std:.2f} points: target gain > 2 x std **{'met' if mean_gain > 2 * std else 'NOT met'}**.\n"
-          f"- gain by milestone: {by_step}.\n"
+          f"- **reading_gain = {_f(rgain, '+.2f')} points** at step {last} (mean over {len(seeds)} seeds), seed std "
+          f"{_f(rstd, '.2f')} points: target (b) gain > 2 x std **"
+          f"{verdict(None if math.isnan(rgain) or math.isnan(rstd) else rgain > 2 * rstd)}**.\n"
+          f"- reading gain by milestone: {rby_step}.\n"
+          f"- title heuristic, reading sets pooled: title baseline {_f(tb0)}% at SFT, {_f(tb)}% at step {last}; "
+          f"copy@1 {_f(cp0)}% at SFT, {_f(cp)}% at step {last}.\n"
+          f"- searches per question on {hop or 'no two-hop set'}: SFT {_f(sq0, '.2f')} ({hist_str(sh0)}), step {last} "
+          f"{_f(sq, '.2f')} (mean over seeds): target (c) rises from SFT **{verdict(rises)}** in this rung.\n"
+          f"- secondary, overall EM: solver_acc_gain = {mean_gain:+.2f} points, seed std {std:.2f} points "
+          f"(gain > 2 x std: {'met' if mean_gain > 2 * std else 'NOT met'}); by milestone: {by_step}.\n"
           f"- minutes per seed, end to end as if run alone (SFT + its eval + RL + evals): {minutes:.1f} "
           f"(RL + evals alone: {statistics.mean(per_seed.values()):.1f}); target < 60.\n")
     keys = {"solver_acc_gain": round(mean_gain, 3), "seed_std": round(std, 3), "minutes_per_seed": round(minutes, 2),
             "sft_em": round(em0, 2), "final_em": {s: round(em(runs[s]["evals"][last]), 2) for s in seeds},
             "gain_by_step": {str(m): round(statistics.mean(g), 3) for m, g in gains.items()},
-            "steps": last, "seeds": len(seeds)}
+            "steps": last, "seeds": len(seeds),
+            "reading_gain": _num(rgain, 3), "reading_seed_std": _num(rstd, 3), "sft_reading_score": _num(read0),
+            "reading_score": {s: _num(pooled(r)) for s, r in zip(seeds, finals)},
+            "reading_gain_by_step": {str(m): _num(statistics.mean(g), 3) for m, g in rgains.items()},
+            "reading_title_baseline": {"sft": _num(tb0), "final": _num(tb)},
+            "title_copy_share": {"sft": _num(cp0), "final": _num(cp)},
+            "searches_per_question": {"set": hop, "sft": {"mean": _num(sq0, 3), "hist": sh0},
+                                      "final": {"mean": _num(sq, 3), "hist": mean_hist([h for _, h in sqs])}}}
     return {f"{name}.{k}": v for k, v in keys.items()}, md, runs
+
+
+def baseline_section(sft: dict, rises: list[tuple[str, float, float]]) -> tuple[dict, str]:
+    """The SFT eval against the title heuristic, and targets (a) and (c). rises: (rung title, SFT, final
+    two-hop searches per question) of each RL rung reported in this run."""
+    per = sft["per_source"]
+    keys = {f"learning_baseline.{k}": {"overall": _num(pooled(sft, f, None)),
+                                       **{src: _num(100 * g[f]) if g.get(f) is not None else None for src, g in per.items()}}
+            for k, f in (("title_em", "question_title_em"), ("title_em_own", "title_baseline_em"))}
+    rows = []
+    for label, srcs in [(src, (src,)) for src in per] + [("**reading (pooled)**", READING_SOURCES), ("**overall**", None)]:
+        n = sum(g["n"] for src, g in per.items() if srcs is None or src in srcs)
+        rows.append([label, n] + [_f(pooled(sft, f, srcs)) for f in ("em", "title_baseline_em", "question_title_em",
+                                                                      "title_copy_at.1", "title_copy_any", "title_ceiling")]
+                    + [hist_str(pooled_hist(sft, srcs))])
+    table = md_table(["set", "n", "SFT EM %", "title baseline (own 1st search) %", "question-title baseline %",
+                      "copy@1 %", "copy any %", "title ceiling %", "searches distribution"], rows)
+    read0, tb0, qt0 = pooled(sft), pooled(sft, "title_baseline_em"), pooled(sft, "question_title_em")
+    a_ok = None if math.isnan(read0) or math.isnan(tb0) else read0 > tb0
+    c_ok = [sq > sq0 for _, sq0, sq in rises if not (math.isnan(sq0) or math.isnan(sq))]
+    md = (f"The SFT start (<out>/eval_sft) against the title heuristic the policy was found to converge on (issue 21). "
+          f"Title baseline: Doc 1's title of SFT's own first search taken as the answer; question-title baseline: the "
+          f"question itself searched once with the same backend and topk, Doc 1's title as the answer (policy-free); "
+          f"copy@1 / copy any: answers equal to Doc 1's title of the last search / to any retrieved title; title "
+          f"ceiling: some retrieved title is a golden answer; reading = {', '.join(READING_SOURCES)} pooled.\n\n"
+          f"{table}\n\n"
+          f"- target (a): SFT reading score {_f(read0)}% > its title baseline {_f(tb0)}% (question-title baseline "
+          f"{_f(qt0)}%): **{verdict(a_ok)}**.\n"
+          f"- target (c): two-hop searches per question rise from SFT in at least one RL rung ("
+          + ("; ".join(f"{r}: {_f(a, '.2f')} -> {_f(b, '.2f')}" for r, a, b in rises) or "no RL rung reported")
+          + f"): **{verdict(any(c_ok) if c_ok else None)}**.\n")
+    return keys, md
 
 
 def headroom(out: Path, k: int) -> tuple[dict, str]:
@@ -192,13 +350,24 @@ def headroom(out: Path, k: int) -> tuple[dict, str]:
     return keys, md
 
 
-def plot(png: Path, panels: list[tuple[str, str, dict, list[int], float, int]]) -> None:
-    """panels: (rung, title, runs, steps, SFT EM, held-out n) per row."""
+def _over_milestones(ax, runs: dict, steps: list[int], sft: dict, fn) -> None:
+    """fn(results.json) from SFT (step 0) over the milestones: one faint line per seed, the mean over seeds bold."""
+    x = [0] + steps
+    ys = {s: [fn(sft)] + [fn(r["evals"][m]) for m in steps] for s, r in runs.items()}
+    for s, y in ys.items():
+        ax.plot(x, y, lw=0.8, alpha=0.4, marker=".", label=f"seed {s}")
+    ax.plot(x, [statistics.mean(col) for col in zip(*ys.values())], lw=2.2, color="k", marker="o", label="mean over seeds")
+    ax.set_xlabel("RL step (0 = SFT cold start)")
+    ax.grid(alpha=0.3)
+
+
+def plot(png: Path, panels: list[tuple[str, str, dict, list[int], dict]]) -> None:
+    """panels: (rung, title, runs, steps, SFT results.json) per row."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(len(panels), 4, figsize=(17, 4.2 * len(panels)), squeeze=False)
-    for row, (rung, title, runs, steps, em0, n) in zip(axes, panels):
+    fig, axes = plt.subplots(len(panels), 6, figsize=(26, 4.2 * len(panels)), squeeze=False)
+    for row, (rung, title, runs, steps, sft) in zip(axes, panels):
         for ax, (label, fn) in zip(row, RUNGS[rung][1]):
             for s, r in runs.items():
                 m = r["metrics"]
@@ -211,15 +380,25 @@ def plot(png: Path, panels: list[tuple[str, str, dict, list[int], float, int]]) 
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7)
         ax = row[3]
-        for s, r in runs.items():
-            ax.plot([0] + steps, [em0] + [em(r["evals"][m]) for m in steps], marker="o", label=f"seed {s}")
-        ax.set_title(f"{title}: held-out EM, % ({n} questions, greedy)", fontsize=9)
-        ax.set_xlabel("RL step (0 = SFT cold start)")
-        ax.grid(alpha=0.3)
+        _over_milestones(ax, runs, steps, sft, pooled)
+        for key, ls, what in (("title_baseline_em", "--", "title baseline (SFT, own 1st search)"),
+                              ("question_title_em", ":", "question-title baseline")):
+            if not math.isnan(v := pooled(sft, key)):
+                ax.axhline(v, ls=ls, color="tab:red", label=what)
+        ax.set_title(f"{title}: reading score, % (held-out, greedy)", fontsize=9)
         ax.legend(fontsize=7)
-    fig.suptitle("Learning ladder on CPU: SmolLM2-135M-Instruct from one SFT cold start, one line per seed")
+        ax = row[4]
+        _over_milestones(ax, runs, steps, sft, lambda r: pooled(r, "title_copy_at.1"))
+        ax.set_title(f"{title}: title copy (copy@1), % (reading sets)", fontsize=9)
+        ax.legend(fontsize=7)
+        ax = row[5]
+        hop = twohop_set(sft)
+        _over_milestones(ax, runs, steps, sft, lambda r: searches(r, hop)[0])
+        ax.set_title(f"{title}: searches per question on {hop or 'no two-hop set'}", fontsize=9)
+        ax.legend(fontsize=7)
+    fig.suptitle("Learning ladder on CPU: SmolLM2-135M-Instruct from one SFT cold start")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
+    fig.savefig(png, dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,7 +423,7 @@ def main(argv: list[str] | None = None) -> int:
     sft = _json(a.out / "eval_sft" / "results.json", "run scripts/learning_proof_cpu.sh first") \
         if (a.steps or a.qa_steps) else None
     t = read_timings(a.out / "timings.tsv")
-    panels = []
+    panels, rises = [], []
     for rung, steps, name, title in (("qa", a.qa_steps, "learning_qa", "rung 1, QA-only RL"),
                                      ("ssp", a.steps, a.name, "rung 2, SSP")):
         if not steps:
@@ -254,8 +433,14 @@ def main(argv: list[str] | None = None) -> int:
         md += f"- plot: `{os.path.relpath(a.png.resolve(), BENCH_DIR.parent)}` (row: {title}).\n"
         write_results(name, keys, md)
         printed.append(md)
-        panels.append((rung, title, runs, steps, em(sft), sft["overall"]["n"]))
+        panels.append((rung, title, runs, steps, sft))
+        hop = twohop_set(sft)
+        rises.append((title, searches(sft, hop)[0], statistics.mean(searches(r["evals"][steps[-1]], hop)[0]
+                                                                    for r in runs.values())))
     if panels:
+        keys, md = baseline_section(sft, rises)
+        write_results("learning_baseline", keys, md)
+        printed.append(md)
         plot(a.png, panels)
     print("\n".join(printed))
     return 0

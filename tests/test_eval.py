@@ -43,8 +43,16 @@ def check_outputs(out: Path, n: int, sources: set[str]) -> dict:
     for e in examples:
         assert e["turns"] >= 1 and e["em"] in (0.0, 1.0) and 0.0 <= e["f1"] <= 1.0
         assert e["judge_correct"] == bool(e["em"])       # exact-match judge: no server given
+    for m in [res["overall"], *res["per_source"].values()]:   # the title heuristic, recomputed where it is simple
+        assert {"1", "2", "3"} <= set(m["title_copy_at"]) and sum(m["searches_hist"].values()) == pytest.approx(1, abs=1e-3)
+        assert 0.0 <= m["title_baseline_em"] <= m["title_ceiling"] <= 1.0 and m["title_copy_at"]["1"] <= m["title_copy_any"]
+    for e in examples:
+        assert len(e["doc_titles"]) == e["searches"]
+    from utils.text import exact_match
+    assert res["overall"]["title_ceiling"] == pytest.approx(sum(any(exact_match(t, e["golden_answers"]) for d in e["doc_titles"]
+                                                                    for t in d) for e in examples) / n, abs=1e-4)
     md = (out / "results.md").read_text()
-    assert md.index("## Protocol") < md.index("## Results")
+    assert md.index("## Protocol") < md.index("## Results") < md.index("## Title heuristic")
     assert "| **overall** |" in md and all(f"| {s} |" in md for s in sources)
     return res
 
@@ -272,18 +280,23 @@ def test_evaluate_samples_run_their_own_search_loops(tiny_model_dir):
 
     def search(queries, topk):
         asked.extend(queries)
-        return [[{"id": q, "contents": f"doc for {q}"}] for q in queries]
+        return [[{"id": q, "contents": f"{q}\ndoc for {q}"}] for q in queries]
 
     rows = [EvalRow("What is the capital of France?", ["Paris"], "a", "1"),
             EvalRow("Who wrote Hamlet?", ["Shakespeare"], "a", "2")]
     cfg = EvalConfig(rollout=RolloutConfig(max_turns=2, max_tokens_per_turn=8, temperature=1.0, seed=3),
                      samples=4, batch_size=5, progress=False)   # 5 // 4 = one question per rollout call
     res = evaluate(Stub(), rows, search, cfg)
+    questions = [r.question for r in rows]
+    assert [q for q in asked if q in questions] == questions  # the question-title baseline: one search per question
+    asked = [q for q in asked if q not in questions]
     assert len(asked) == 8 and len(set(asked[:4])) == 4     # 2 questions x 4 samples, distinct seeds per question
     for e in res["examples"]:
         assert e["searches"] == [1] * 4 and e["turns"] == [2] * 4 and len(set(map(tuple, e["queries"]))) == 4
+        assert e["doc_titles"] == [[[q]] for (q,) in e["queries"]] and e["question_title_em"] is False
         for (q,), resp in zip(e["queries"], e["response"]):
             assert resp.count("doc for") == 1 and f"doc for {q}" in resp
+    assert res["overall"]["question_title_em"] == 0.0 and res["overall"]["searches_hist"] == {"1": 1.0}
     assert e["pred"] == ["Paris"] * 4 and res["examples"][0]["judge_correct"] == [True] * 4
     assert res["overall"]["pass@4"] == 0.5 and res["overall"]["mean@4"] == 0.5
     assert res["per_source"]["a"]["pass@k_unbiased"] == {"1": 0.5, "2": 0.5, "4": 0.5}

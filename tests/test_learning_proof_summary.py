@@ -11,22 +11,40 @@ import bench.report as report  # noqa: E402
 from bench import learning_proof  # noqa: E402
 
 
+def _src(em, n=5, title=0.0, copy=0.0, qt=0.0, hist=None):
+    """One data source's eval.py group: EM and the title-heuristic fields."""
+    hist = hist or {"1": 1.0}
+    return {"n": n, "em": em, "title_baseline_em": title, "question_title_em": qt,
+            "title_copy_at": {"1": copy, "2": 0.0, "3": 0.0}, "title_copy_any": copy, "title_ceiling": max(em, title),
+            "searches_mean": sum(int(k) * v for k, v in hist.items()), "searches_hist": hist}
+
+
 def _eval(path, overall_em, per_source):
+    """per_source: data_source -> EM (a group as older evals wrote it) or a full group (_src)."""
     path.mkdir(parents=True)
     path.joinpath("results.json").write_text(json.dumps({
         "overall": {"n": 10, "em": overall_em},
-        "per_source": {k: {"n": 5, "em": v} for k, v in per_source.items()}}))
+        "per_source": {k: v if isinstance(v, dict) else {"n": 5, "em": v} for k, v in per_source.items()}}))
 
 
-def _run_folder(root, finals, steps=4, mid=2, prefix="seed", rl="rl", ev="eval_step"):
-    """finals: seed -> EM at step `steps`; the step-`mid` eval sits halfway between SFT and it.
-    prefix/rl/ev: rung 2's run folders and timing stages by default; rung 1's are qa_seed/rl_qa/eval_qa_step."""
+SFT_HIST = {"0": 0.2, "1": 0.6, "2": 0.2}  # 1.0 searches per question on the two-hop set
+
+
+def _run_folder(root, finals, steps=4, mid=2, prefix="seed", rl="rl", ev="eval_step", sft_title=0.1,
+                final_hist=None, twohop="twohop_heldout"):
+    """finals: seed -> EM at step `steps` (overall and on each set); the step-`mid` eval sits halfway between SFT
+    and it overall. prefix/rl/ev: rung 2's run folders and timing stages by default; rung 1's are
+    qa_seed/rl_qa/eval_qa_step. The reading sets: capitals (5 questions) and the two-hop set (15), so the
+    reading score is n-weighted: 12.5% at SFT; wiki_desc_heldout (old-style group) is not one of them."""
     if not (root / "eval_sft").exists():
-        _eval(root / "eval_sft", 0.20, {"a": 0.3, "b": 0.1})
+        _eval(root / "eval_sft", 0.20, {"wiki_desc_heldout": 0.3, "capitals": _src(0.2, title=sft_title, copy=0.5, qt=0.2),
+                                        twohop: _src(0.1, 15, title=sft_title / 2, copy=0.4, hist=SFT_HIST)})
     timings = ["sft\t600\t-", "eval_sft\t300\t-"] if not (root / "timings.tsv").exists() else []
     for seed, em in finals.items():
-        _eval(root / f"{prefix}{seed}" / f"eval_step{steps}", em, {"a": em, "b": em})
-        _eval(root / f"{prefix}{seed}" / f"eval_step{mid}", (0.20 + em) / 2, {"a": em, "b": em})
+        final = {"wiki_desc_heldout": em, "capitals": _src(em, title=0.1, copy=0.2),
+                 twohop: _src(em, 15, title=0.1, copy=0.2, hist=final_hist or {"1": 0.5, "2": 0.5})}
+        _eval(root / f"{prefix}{seed}" / f"eval_step{steps}", em, final)
+        _eval(root / f"{prefix}{seed}" / f"eval_step{mid}", (0.20 + em) / 2, final)
         lines = [json.dumps({"step": steps, "eval/em": 0.5})]  # an eval line: not a training step
         for s in range(1, steps + 1):
             lines.append(json.dumps({"step": s, "game/valid_rate": 0.5, "proposer/reward_mean": 0.1 * s,
@@ -61,10 +79,60 @@ def test_gain_spread_minutes_and_plot(tmp_path, results):
     assert keys["learning.gain_by_step"] == {"2": pytest.approx(4.0, abs=1e-3), "4": pytest.approx(8.0, abs=1e-3)}
     # shared SFT + its eval (15 min) counted for every seed, plus that seed's RL pieces and both evals
     assert keys["learning.minutes_per_seed"] == pytest.approx(15 + statistics.mean([21, 22, 23]), abs=1e-2)
+    # the primary metric: EM pooled n-weighted over capitals (5) and twohop_heldout (15): 12.5% at SFT
+    rgains = [30 - 12.5, 26 - 12.5, 28 - 12.5]
+    assert keys["learning.sft_reading_score"] == 12.5
+    assert keys["learning.reading_score"] == {"1": 30.0, "2": 26.0, "3": 28.0}
+    assert keys["learning.reading_gain"] == pytest.approx(statistics.mean(rgains), abs=1e-3)
+    assert keys["learning.reading_seed_std"] == pytest.approx(statistics.stdev(rgains), abs=1e-3)
+    assert keys["learning.reading_title_baseline"] == {"sft": 6.25, "final": 10.0}   # (5 x 10 + 15 x 5) / 20
+    assert keys["learning.title_copy_share"] == {"sft": 42.5, "final": 20.0}         # (5 x 50 + 15 x 40) / 20
+    assert keys["learning.searches_per_question"] == {"set": "twohop_heldout", "sft": {"mean": 1.0, "hist": SFT_HIST},
+                                                      "final": {"mean": 1.5, "hist": {"1": 0.5, "2": 0.5}}}
+    # the SFT eval against the title heuristic; wiki_desc_heldout's group predates the fields
+    assert keys["learning_baseline.title_em"] == {"overall": 5.0, "wiki_desc_heldout": None, "capitals": 20.0,
+                                                  "twohop_heldout": 0.0}
+    assert keys["learning_baseline.title_em_own"] == {"overall": 6.25, "wiki_desc_heldout": None, "capitals": 10.0,
+                                                      "twohop_heldout": 5.0}
     md = (results / "RESULTS.md").read_text()
-    assert "## learning" in md and "met" in md and "+10.0" in md
-    assert "NOT met" not in md  # 8 > 2 x 2
+    assert "## learning" in md and "## learning_baseline" in md and "+10.0" in md and "+17.5" in md
+    assert "| reading % |" in md and "| EM capitals % |" in md and "| **reading (pooled)** |" in md
+    assert "target (a): SFT reading score 12.5% > its title baseline 6.2%" in md
+    assert "target (c)" in md and "rung 2, SSP: 1.00 -> 1.50" in md
+    assert md.count("**met**") == 4 and "NOT met" not in md  # (a), (b), (c) in the rung, (c) over rungs; 8 > 2 x 2
     assert png.stat().st_size > 10_000
+
+
+def test_title_baseline_and_searches_targets_can_fail(tmp_path, results):
+    """SFT's own title baseline beats its reading score, and the two-hop set (FanOutQA here: no twohop_heldout)
+    sees fewer searches after RL: targets (a) and (c) say NOT met; (b) still holds."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28}, sft_title=0.5, final_hist={"0": 0.5, "1": 0.5}, twohop="fanoutqa")
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning.searches_per_question"]["set"] == "fanoutqa"
+    assert keys["learning.searches_per_question"]["final"] == {"mean": 0.5, "hist": {"0": 0.5, "1": 0.5}}
+    assert keys["learning_baseline.title_em_own"]["overall"] == 31.25            # (5 x 50 + 15 x 25) / 20
+    md = (results / "RESULTS.md").read_text()
+    assert "target (a): SFT reading score 12.5% > its title baseline 31.2%" in md
+    assert "(question-title baseline 5.0%): **NOT met**" in md
+    assert "target (b) gain > 2 x std **met**" in md
+    assert "target (c) rises from SFT **NOT met** in this rung" in md and "1.00 -> 0.50): **NOT met**" in md
+
+
+def test_evals_without_reading_sets_say_not_measured(tmp_path, results):
+    """Evals of an older layout (no reading sets, no title fields): the reading targets are n/a, not met."""
+    out = tmp_path / "lp"
+    _eval(out / "eval_sft", 0.2, {"a": 0.2})
+    for s in ("1", "2"):
+        for m in (2, 4):
+            _eval(out / f"seed{s}" / f"eval_step{m}", 0.3, {"a": 0.3})
+        (out / f"seed{s}" / "metrics.jsonl").write_text(json.dumps({"step": 1, "game/valid_rate": 0.5}) + "\n")
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning.reading_gain"] is None and keys["learning.searches_per_question"]["set"] is None
+    assert keys["learning_baseline.title_em"] == {"overall": None, "a": None}
+    assert "n/a (not measured)" in (results / "RESULTS.md").read_text()
 
 
 def test_resumed_step_replaces_the_crashed_line(tmp_path):
