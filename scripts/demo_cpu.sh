@@ -45,7 +45,7 @@ PORT=${PORT:-8765}
 PROPOSER_SEARCH=${PROPOSER_SEARCH:-retriever}
 SOLVER_SEARCH=${SOLVER_SEARCH:-retriever}
 EVAL_LIMIT=${EVAL_LIMIT:-16}   # rows per eval file
-EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl)
+EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl data/eval/wiki_desc_heldout.jsonl)
 
 t_start=$(date +%s)
 echo "== [1/5] setup (.venv), data, BM25 index"
@@ -98,7 +98,7 @@ stage_done retriever
 PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
 TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
-  --train_data data/train/proposer.jsonl --pool_init data/train/solver_qa.jsonl
+  --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl
   --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off
   --proposer_estimator reinforce++ --solver_estimator grpo
   "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512

@@ -50,10 +50,12 @@ FORMAT_PENALTY=${FORMAT_PENALTY:--1}
 PASSK=${PASSK:-8}
 PASSK_LIMIT=${PASSK_LIMIT:-30}
 DEV_ROWS=${DEV_ROWS:-200}
+QA_ROWS=${QA_ROWS:-data/train/solver_mix.jsonl}          # rung 1's QA rows (dataprep/reading_sets.py); dev split = its tail
+PROPOSER_ROWS=${PROPOSER_ROWS:-data/train/proposer_mix.jsonl}  # rung 2's answer pool
 EVAL_LIMIT=${EVAL_LIMIT:-}      # empty = every held-out row (the protocol); a number = the first N of each file (smoke tests)
 NAME=${NAME:-learning}   # rung 2's RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
-EVAL_FILES=(data/eval/wiki_desc_heldout.jsonl data/eval/capitals.jsonl data/eval/fanoutqa_singlehop.jsonl
-            data/eval/fanoutqa_multihop.jsonl)
+EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl
+            data/eval/fanoutqa_singlehop.jsonl data/eval/fanoutqa_multihop.jsonl data/eval/wiki_desc_heldout.jsonl)
 HELDOUT=(--data "${EVAL_FILES[@]}" ${EVAL_LIMIT:+--limit "$EVAL_LIMIT"})
 
 bash scripts/setup_cpu.sh
@@ -83,7 +85,7 @@ PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info
 echo "== [2/7] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
 had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true
 t=$(date +%s)
-SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
+COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl} SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
 $had_sft || stamp sft $(( $(date +%s) - t )) -
 
 evaluate() {  # model_dir out_dir [eval.py args]; run only while out_dir has no results.json
@@ -98,9 +100,8 @@ if [ ! -f "$OUT/eval_sft/results.json" ]; then
   t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" "${HELDOUT[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
 fi
 if [ ! -f "$OUT/qa_dev.jsonl" ]; then  # the file is shuffled at a fixed seed: its tail is a random dev split
-  head -n "-$DEV_ROWS" data/train/solver_qa.jsonl > "$OUT/qa_train.jsonl.tmp"
-  tail -n "$DEV_ROWS" data/train/solver_qa.jsonl | sed 's/"data_source": "wiki_desc"/"data_source": "wiki_desc_dev"/' \
-    > "$OUT/qa_dev.jsonl.tmp"
+  head -n "-$DEV_ROWS" "$QA_ROWS" > "$OUT/qa_train.jsonl.tmp"
+  tail -n "$DEV_ROWS" "$QA_ROWS" | sed 's/"data_source": "\([a-z_]*\)"/"data_source": "\1_dev"/' > "$OUT/qa_dev.jsonl.tmp"
   mv "$OUT/qa_train.jsonl.tmp" "$OUT/qa_train.jsonl"; mv "$OUT/qa_dev.jsonl.tmp" "$OUT/qa_dev.jsonl"
 fi
 
@@ -121,7 +122,7 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --ppo_mini_batches "$MINI"
   --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5)
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
-SSP_ARGS=(--train_data data/train/proposer.jsonl --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
+SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
   --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
 
 ladder() {  # rung prefix rl_stage eval_stage milestones train-args...

@@ -30,7 +30,7 @@ SFT_TOP_LAYERS=${SFT_TOP_LAYERS:-12}
 SFT_MAX_INFO_TOKENS=${SFT_MAX_INFO_TOKENS:-160}
 SFT_THREADS=${SFT_THREADS:-$(nproc)}
 BASE_MODEL=${BASE_MODEL:-data/models/SmolLM2-135M-Instruct}
-COLDSTART=${COLDSTART:-data/train/coldstart.jsonl}
+COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl}
 PY=${PY:-.venv/bin/python}
 DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$SFT_THREADS $PY -m utils.cpu_dtype --verbose)}
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
@@ -43,12 +43,14 @@ hf_export_done() {  # a finished HF export: config plus one safetensors file or 
 t=$(date +%s)
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
-if [ -f "$COLDSTART" ] && [ -f data/eval/wiki_desc_heldout.jsonl ]; then
-  echo "-- cold-start demos: reusing $COLDSTART"
+if [ -f data/train/coldstart.jsonl ] && [ -f data/eval/wiki_desc_heldout.jsonl ]; then
+  echo "-- cold-start demos: reusing data/train/coldstart.jsonl"
 else
-  echo "-- cold-start demos: writing $COLDSTART (searches run against the BM25 index; once)"
-  $PY -m training.coldstart_data --out "$COLDSTART"
+  echo "-- cold-start demos: writing data/train/coldstart.jsonl (searches run against the BM25 index; once)"
+  $PY -m training.coldstart_data --out data/train/coldstart.jsonl
 fi
+# reading and two-hop rows, their held-out sets, and the demo mix (coldstart_mix.jsonl; once, ~15 s)
+$PY -m dataprep.reading_sets
 if hf_export_done "$SFT_DIR/hf"; then
   echo "-- SFT cold start: skipped, $SFT_DIR/hf already holds an HF export (delete $SFT_DIR to redo it)"
   exit 0

@@ -38,7 +38,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     dev = [json.loads(x) for x in (out / "qa_dev.jsonl").read_text().splitlines()]
     train = {json.loads(x)["question"] for x in (out / "qa_train.jsonl").read_text().splitlines()}
     assert len(dev) == 4 and not ({d["question"] for d in dev} & train)
-    assert {d["data_source"] for d in dev} == {"wiki_desc_dev"}
+    assert all(d["data_source"] in ("reading_dev", "twohop_dev", "wiki_desc_dev") for d in dev)
 
     # each rung trained from the one SFT start, with its own game
     qa_cfg = json.loads((out / "qa_seed1" / "config.json").read_text())
@@ -51,10 +51,15 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     # every rung reported, into the temporary results, not bench/
     keys = json.loads((bench / "results.json").read_text())
     for k in ("learning.sft_passk_gap", "learning.sft_passk_gap_heldout", "learning_qa.solver_acc_gain",
-              "learning_qa.seed_std", "learning.solver_acc_gain"):
+              "learning_qa.seed_std", "learning.solver_acc_gain", "learning_qa.reading_gain", "learning_qa.reading_seed_std",
+              "learning.reading_gain", "learning_qa.searches_per_question", "learning_baseline.title_em"):
         assert k in keys, k
     md = (bench / "RESULTS.md").read_text()
-    assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning"))
+    assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning", "learning_baseline"))
+    # the held-out protocol holds the reading and two-hop sets, measured against the title heuristic
+    sft = json.loads((out / "eval_sft" / "results.json").read_text())
+    assert {"reading_heldout", "twohop_heldout"} <= set(sft["per_source"])
+    assert "title_baseline_em" in sft["overall"] and "searches_hist" in sft["per_source"]["twohop_heldout"]
     assert (bench / "learning_proof.png").stat().st_size > 10_000
     stages = {line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()}
     assert {"sft", "eval_sft", "headroom", "rl_qa", "eval_qa_step1", "rl", "eval_step1"} <= stages
