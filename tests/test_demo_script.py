@@ -80,7 +80,8 @@ def test_demo_smoke_runs_and_reruns(tmp_path):
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert "leg 2: skipped" in first
     res = json.loads((out / "eval" / "results.json").read_text())
-    assert res["overall"]["n"] == 6  # 2 rows of each of the 3 eval files
+    assert res["overall"]["n"] == 8  # 2 rows of each of the 4 eval files
+    assert {"reading_heldout", "twohop_heldout"} <= set(res["per_source"])
     assert "questions answered" in first
     sft_mtime = (hf / "config.json").stat().st_mtime
 
@@ -97,7 +98,7 @@ def test_demo_smoke_runs_and_reruns(tmp_path):
     steps = {json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()}
     assert {1, 2} <= steps
     res2 = json.loads((out / "eval" / "results.json").read_text())
-    assert res2["overall"]["n"] == 6
+    assert res2["overall"]["n"] == 8
     assert json.loads((out / "eval" / "config.json").read_text())["model"].endswith("step_000002/hf")
     stages = [line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()]
     assert stages.count("eval") == 2 and stages.count("ssp_leg2") == 1
