@@ -13,7 +13,8 @@ written whole or not at all; the same inputs and --seed give byte-identical file
                                     description rows of solver_qa.jsonl (answers that are titles)
   data/train/proposer_mix.jsonl     the proposer's answer pool: proposer.jsonl's titles plus facts' answers
                                     that are no page's title (places, people, languages)
-  data/train/coldstart_mix.jsonl    demos: one-search reading demos, two-search chain demos, and the
+  data/train/coldstart_mix.jsonl    demos: one-search reading demos, two-search chain demos (each
+                                    repeated up to CHAIN_DEMO_COPIES times: chains are few), and the
                                     title and proposer demos of coldstart.jsonl, shuffled together
 
 Held-out rows carry "entities" (the entity asked about; for a chain, its start and its bridge), and
@@ -49,6 +50,10 @@ NAMED_RELATIONS = {"capital", "largest_city", "official_language", "located_in",
                    "directed_by", "written_by", "named_after", "discovered_by", "born_in"}
 QUOTE_WORDS = 22  # a quoted sentence longer than this is cut to a window around the answer: a turn is 64 tokens
 MAX_PER_RELATION = 0.3  # no relation fills more than this share of the training facts (located_in would)
+# Chains are few (the corpus yields ~340, and the held-out set takes 150): each training chain's demo is
+# repeated up to this many times to fill the mix's two-search share (a fifth of the mix). With one copy,
+# 3% of solver demos searched twice and the SFT start never did (two-hop searches/question 1.00).
+CHAIN_DEMO_COPIES = 6
 
 
 def quote(sentence: str, answer: str, max_words: int = QUOTE_WORDS) -> str:
@@ -197,24 +202,37 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
             capped.append(f)
     train_facts = capped
 
-    # demos: one search per fact, two per chain; each search must return its page as Doc 1
-    names = [strip_parens(f.entity) for f in train_facts]
-    chain_q1 = [strip_parens(c.bridge.entity) for c in train_chains]
-    chain_q2 = [strip_parens(c.fact.entity) for c in train_chains]
-    res = retriever.search(names + chain_q1 + chain_q2, 3) if names or chain_q1 else []
-    r_fact, r_c1, r_c2 = res[:len(names)], res[len(names):len(names) + len(chain_q1)], res[len(names) + len(chain_q1):]
+    # demos: one search per fact, two per chain; each search must return its page as Doc 1. The query is
+    # the entity's name as the question writes it, or failing that its full title ("Georgia (country)").
+    def find(titles_: list[str]) -> list[tuple[str, list[dict]] | None]:
+        qs = [strip_parens(t) for t in titles_]
+        res = retriever.search(qs, 3) if qs else []
+        out: list[tuple[str, list[dict]] | None] = [(q, d) if top(d, t) else None for t, q, d in zip(titles_, qs, res)]
+        again = [i for i, (t, q) in enumerate(zip(titles_, qs)) if out[i] is None and t != q]
+        for i, d in zip(again, retriever.search([titles_[i] for i in again], 3) if again else []):
+            if top(d, titles_[i]):
+                out[i] = (titles_[i], d)
+                stats["demo searches by full title (the name alone missed)"] += 1
+        return out
+
     top = lambda docs, title: bool(docs) and str(docs[0].get("id")) == doc_of.get(title)  # noqa: E731
+    found = find([f.entity for f in train_facts] + [c.bridge.entity for c in train_chains]
+                 + [c.fact.entity for c in train_chains])
+    n_f, n_c = len(train_facts), len(train_chains)
+    r_fact, r_c1, r_c2 = found[:n_f], found[n_f:n_f + n_c], found[n_f + n_c:]
     demos = []
-    for f, q, docs in zip(train_facts, names, r_fact):
-        if top(docs, f.entity):
-            demos.append(_demo(f.question, f.answer, "reading", [(q, docs, quote(f.sentence, f.answer))],
+    for f, hit in zip(train_facts, r_fact):
+        if hit:
+            demos.append(_demo(f.question, f.answer, "reading", [(hit[0], hit[1], quote(f.sentence, f.answer))],
                                [f.entity]))
         else:
             stats["reading demo dropped: its page is not Doc 1 for its name"] += 1
-    for c, q1, q2, d1, d2 in zip(train_chains, chain_q1, chain_q2, r_c1, r_c2):
-        if top(d1, c.bridge.entity) and top(d2, c.fact.entity):
+    for c, h1, h2 in zip(train_chains, r_c1, r_c2):
+        if h1 and h2:
+            (q1, d1), (q2, d2) = h1, h2
             y = strip_parens(c.fact.entity)
-            bridge_think = f"{quote(c.bridge.sentence, c.bridge.answer)} So {BRIDGE_NP[c.bridge.relation].format(q1)} is {y}."
+            bridge_think = (f"{quote(c.bridge.sentence, c.bridge.answer)} So "
+                            f"{BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))} is {y}.")
             demos.append(_demo(c.question, c.answer, "twohop", [(q1, d1, bridge_think),
                                                                 (q2, d2, quote(c.fact.sentence, c.answer))],
                                [c.bridge.entity, c.fact.entity]))
@@ -231,10 +249,12 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
     two_d = [d for d in demos if d["source"] == "twohop"]
     title_d = [d for d in old_kept if d["role"] == "solver"]
     prop_d = [d for d in old_kept if d["role"] == "proposer"]
-    n_two = min(len(two_d), mix_demos // 5)
+    n_two = min(len(two_d) * CHAIN_DEMO_COPIES, mix_demos // 5)
+    two_d = [d for _ in range(CHAIN_DEMO_COPIES) for d in two_d]  # each chain once before any twice
     n_prop = min(len(prop_d), mix_demos // 5)
     n_title = min(len(title_d), mix_demos // 8)
     n_read = min(len(read_d), mix_demos - n_two - n_prop - n_title)
+    stats["two-hop demos in the mix (each chain's demo repeated up to CHAIN_DEMO_COPIES times)"] = n_two
     mix = two_d[:n_two] + read_d[:n_read] + title_d[:n_title] + prop_d[:n_prop]
     rng.shuffle(mix)
 

@@ -156,6 +156,20 @@ def test_demos_quote_the_answer_and_mix_one_and_two_searches(built):
         assert bridge in d["turns"][2]["text"].split("<search>")[0] and bridge in d["turns"][2]["text"].split("<search>")[1]
 
 
+def test_few_chains_are_repeated_to_a_fifth_of_the_mix(built):
+    """Chains are scarce (the real corpus keeps ~25 chain demos for training): with one copy each, 3% of
+    the solver demos searched twice and the SFT start never searched twice on the two-hop set."""
+    from collections import Counter
+
+    from dataprep.reading_sets import CHAIN_DEMO_COPIES
+
+    two = [d for d in built.demos if d["source"] == "twohop"]
+    per_chain = Counter(d["question"] for d in two)
+    assert per_chain and max(per_chain.values()) <= CHAIN_DEMO_COPIES
+    assert len(two) == min(len(per_chain) * CHAIN_DEMO_COPIES, 40 // 5)   # mix_demos=40: a fifth is 8
+    assert max(per_chain.values()) - min(per_chain.values()) <= 1      # every chain once before any twice
+
+
 def test_build_is_deterministic(built, tok, retriever):
     again = build(corpus(), tok, retriever, _old_eval(), {"solver_qa": [], "proposer": []}, [], seed=0, reading_n=6,
                   twohop_n=5, max_info_tokens=160, title_rows=1, mix_demos=40)
