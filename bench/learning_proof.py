@@ -66,6 +66,12 @@ def _mean_of(key):
     return f
 
 
+def _doc1_title_share(rows):
+    """Share of valid proposer questions whose answer is Doc 1's title of the proposer's first search."""
+    n = sum(r.get("game/valid_questions", 0.0) for r in rows)
+    return sum(r.get("game/valid_doc1_title", 0.0) for r in rows) / n if n else float("nan")
+
+
 def _fresh_acc(rows):
     """Solver accuracy on the proposer's own fresh questions, weighted by how many there were."""
     n = sum(r.get("solver/fresh_trajs", 0.0) for r in rows)
@@ -84,7 +90,8 @@ RUNGS = {
              ("solver accuracy on fresh proposer questions (curriculum)", _fresh_acc),
              ("proposer reward", _mean_of("proposer/reward_mean"))],
             [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
-             ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc)]),
+             ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
+             ("valid Q answer = proposer's Doc 1 title", _doc1_title_share)]),
 }
 TRAILING = 5  # trailing mean over 5 steps on the curves: one step holds only a few games
 

@@ -475,8 +475,20 @@ def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
+def answer_is_first_title(t: Trajectory) -> bool:
+    """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
+    is one the "search once, answer Doc 1's title" heuristic (issue 21) may solve without the later searches."""
+    docs = t.info.get("docs") or []
+    first = docs[0] if docs else []
+    if not first:
+        return False
+    title, sep, _ = str(first[0].get("contents", "")).partition("\n")
+    return bool(sep) and bool(exact_match(title.strip(), t.answer))
+
+
 def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:
     counts = Counter(r for r in reasons if r is not None)
+    valid = [t for t, r in zip(props, reasons) if r is None]
     checked = [v for v in verdict.values() if v is not None]
     fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
     s = {
@@ -487,6 +499,10 @@ def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:
         "game/rag_pass_rate": _mean([float(v) for v in checked]),
         "game/rag_unavailable": sum(v is None for v in verdict.values()),
         "game/pool_fills": n_fills,
+        # counts (summed over ranks; the trainer logs game/valid_doc1_title_share): valid questions, and those
+        # whose answer is Doc 1's title of the proposer's first search (the title heuristic's kind)
+        "game/valid_questions": len(valid),
+        "game/valid_doc1_title": sum(answer_is_first_title(t) for t in valid),
         "game/pool_size": len(pool) if pool is not None else 0,
         "game/questions": len({t.group_id for t in sols}),
         "proposer/reward_mean": _mean([t.reward for t in props]),

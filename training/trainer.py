@@ -35,7 +35,8 @@ from utils.logging import RunLogger, fmt_metrics, print0
 # Counts summed over ranks (the rest are means): every token count is a global count.
 SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "game/groups", "game/excluded_groups", "game/excluded_trajs",
             "game/excluded/judge_failed", "game/excluded/search_failed", "search/sim_docs", "game/flat_solver_groups", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
-            "search/calls", "search/failures", "search/queries", "solver/fresh_trajs", "solver/fresh_correct")
+            "search/calls", "search/failures", "search/queries", "solver/fresh_trajs", "solver/fresh_correct",
+            "game/valid_questions", "game/valid_doc1_title")
 
 
 class TimedSearch:
@@ -341,6 +342,9 @@ class SSPTrainer:
         game_stats = self._reduce_game_stats(game.stats)
         if game_stats.get("solver/fresh_trajs"):  # no fresh question anywhere this step: no value, not 0
             game_stats["solver/acc_fresh"] = game_stats["solver/fresh_correct"] / game_stats["solver/fresh_trajs"]
+        if game_stats.get("game/valid_questions"):
+            game_stats["game/valid_doc1_title_share"] = (game_stats["game/valid_doc1_title"]
+                                                         / game_stats["game/valid_questions"])
         # Groups whose judging or search failed (inference/game.mark_excluded) never reach the loss;
         # past --max_failed_share of them over the window the run stops here, on every rank alike
         # (the counts are global), before it trains on the biased remainder.

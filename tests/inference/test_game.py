@@ -42,6 +42,7 @@ STAT_KEYS = {
     "game/rag_unavailable", "game/pool_fills", "game/pool_size", "game/questions", "proposer/reward_mean",
     "proposer/searches_mean", "solver/acc", "solver/reward_mean", "solver/spam_rate", "solver/turns_mean",
     "solver/searches_mean", "solver/judge_failed", "solver/fresh_trajs", "solver/fresh_correct",
+    "game/valid_questions", "game/valid_doc1_title",
     *(f"game/filter/{r}" for r in FILTER_REASONS + ("rag_failed",)),
     *(f"judge/{k}" for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed")),
     "game/groups", "game/excluded_groups", "game/excluded_trajs", *(f"game/excluded/{r}" for r in EXCLUSION_REASONS),
@@ -198,6 +199,31 @@ def test_validate_and_score_valid_path(handmade):
     score(props, reasons, sols, Judge(), quad)
     assert props[0].reward == pytest.approx(1.0) and props[3].reward == pytest.approx(4 * 0.75 * 0.25)
     assert props[2].reward == 0.0
+
+
+def test_valid_questions_whose_answer_is_the_first_searchs_doc1_title_are_counted():
+    """game/valid_doc1_title counts valid questions built on the page the first search put first (the
+    title heuristic's kind); an answer read off a later search's text is kept and not counted."""
+    from inference.game import answer_is_first_title
+
+    page = lambda title, text: {"id": title, "contents": f"{title}\n{text}", "score": 1.0}  # noqa: E731
+    q = "Which city on the Seine hosted the Summer Olympics held in the year 1900?"
+    on_doc1 = _proposer(q, ["Paris", "Paris, France"], [[page("Paris", "Capital of France."), page("Lyon", "City.")],
+                                                       [page("1900 Summer Olympics", "Held in Paris.")]],
+                        ["Paris", "1900 Olympics"], 0)
+    read_later = _proposer("Which river flows through the city that hosted the Summer Olympics in 1900?", "Seine", [[page("1900 Summer Olympics", "Held in Paris.")],
+                                                                 [page("Paris", "The Seine flows through it.")]],
+                           ["1900 Olympics", "Paris river"], 1)
+    second_doc = _proposer(q, "Paris", [[page("Lyon", "City."), page("Paris", "Capital.")], [page("Seine", "River.")]],
+                           ["French city", "Seine"], 2)
+    untitled = _proposer(q, "Paris", [[{"id": "x", "contents": "Paris", "score": 1.0}], []], ["Paris city", "France"], 3)
+    assert [answer_is_first_title(t) for t in (on_doc1, read_later, second_doc, untitled)] == [True, False, False, False]
+    props = [on_doc1, read_later, second_doc, untitled]
+    reasons, _ = validate(props, None, Judge(), GameConfig(rag_verifier="off"), random.Random(0))
+    assert reasons == [None, None, None, None]   # the filters keep an answer that is no Doc-1 title
+    reasons[2] = "too_few_searches"              # only valid questions count
+    st = _stats(props, [], reasons, {}, 0, None)
+    assert (st["game/valid_questions"], st["game/valid_doc1_title"]) == (3, 1)
 
 
 def test_rag_prompt_budget_and_distractors(handmade):
