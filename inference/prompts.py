@@ -104,8 +104,80 @@ def encode_prompt(tokenizer: Any, text: str, template: str) -> list[int]:
     return list(tokenizer(text, add_special_tokens=add_special)["input_ids"])
 
 
-def solver_user_message(question: str) -> str:
-    return f"{SOLVER_INSTRUCTION}\n\nQuestion: {str(question).strip()}"
+def solver_user_message(question: str, privileged: str | None = None) -> str:
+    """The solver's user message; `privileged` (a teacher block, below) goes between the instruction and
+    the question, so the teacher's prompt differs from the student's by that block alone."""
+    block = f"\n\n{privileged.strip()}" if privileged and privileged.strip() else ""
+    return f"{SOLVER_INSTRUCTION}{block}\n\nQuestion: {str(question).strip()}"
+
+
+# --- the teacher of self-distillation (issue 22) ----------------------------------------------
+# The solver's teacher is the same model given the proposer's question construction path (QCP) as
+# privileged context. Its prompt is the solver prompt with this block between the instruction and the
+# question; the student's sampled response (its <information> blocks included) follows it unchanged:
+#
+#   <instruction>
+#
+#   Privileged notes (the question's author found this; the player cannot see it):
+#   Answer: <answer>
+#   Search 1: <query 1>
+#   Doc 1 (Title: T) text ...
+#   Search 2: <query 2>
+#   ...
+#
+#   Question: <question>
+TEACHER_HEADER = "Privileged notes (the question's author found this; the player cannot see it):"
+
+
+def teacher_context(tokenizer: Any, answer: Any, queries: Iterable[str] | None = None,
+                    docs: Iterable[Iterable[Any]] | None = None, max_tokens: int = 512) -> str:
+    """The privileged block of a question: its answer, then each of the proposer's searches in order with
+    the documents it returned (format_docs lines), cut to `max_tokens` tokens of `tokenizer`. The answer
+    and the search lines are kept first; documents are cut from the end, a whole line at a time, then the
+    last kept line by tokens. queries=None gives the answer alone (the plain "hint" form)."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1 (the --distill_context_tokens budget), got {max_tokens}")
+    golden = answer[0] if isinstance(answer, (list, tuple)) and answer else answer
+    golden = str(golden or "").strip()
+    if not golden:
+        raise ValueError("teacher_context needs the question's answer; got an empty one")
+    head = [TEACHER_HEADER, f"Answer: {golden}"]
+    queries, docs = list(queries or []), [list(d) for d in (docs or [])]
+    lines: list[tuple[str, bool]] = []            # (line, is a document line)
+    for i, q in enumerate(queries):
+        lines.append((f"Search {i + 1}: {str(q).strip()}", False))
+        found = docs[i] if i < len(docs) else []
+        lines += [(ln, True) for ln in format_docs(found).splitlines() if found]
+    count = lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    searches = [ln for ln, is_doc in lines if not is_doc]
+    # the answer and every search line come first (they are the path); documents share what is left
+    budget = max_tokens - count("\n".join(head + searches))
+    if budget < 0:
+        return _cut_tokens(tokenizer, "\n".join(head + searches), max_tokens)
+    out = list(head)
+    for ln, is_doc in lines:
+        if not is_doc:
+            out.append(ln)
+            continue
+        need = count("\n" + ln)
+        if need <= budget:
+            out.append(ln)
+            budget -= need
+        elif budget > 8:                          # room for a useful head of this line: cut it there
+            out.append(_cut_tokens(tokenizer, ln, budget - 1))
+            budget = 0
+    return _cut_tokens(tokenizer, "\n".join(out), max_tokens)   # token counts of joined lines may add up 1-2 more
+
+
+def _cut_tokens(tokenizer: Any, text: str, n: int) -> str:
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return text if len(ids) <= n else tokenizer.decode(ids[:max(0, n)]).rstrip()
+
+
+def build_teacher_prompt(tokenizer: Any, question: str, privileged: str, template: str = "auto") -> list[int]:
+    """Token ids of the teacher's prompt: the solver prompt with the privileged block before the question."""
+    return encode_prompt(tokenizer, render_chat(tokenizer, solver_user_message(question, privileged), template),
+                         template)
 
 
 def proposer_user_message(answer: Any, n_searches: int) -> str:

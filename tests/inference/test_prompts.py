@@ -95,3 +95,51 @@ def test_format_docs():
     )
     assert format_docs([]) == "No results.\n"
     assert format_docs(None) == "No results.\n"
+
+
+# --- the self-distillation teacher's prompt (issue 22) ---------------------------------------
+
+QCP_DOCS = [[{"id": "1", "contents": "1900 Summer Olympics\nThe games were held in Paris, France.", "score": 2.0},
+             {"id": "2", "contents": "Paris\nParis is the capital of France. The Seine flows through it.", "score": 1.0}],
+            [{"id": "3", "contents": "Seine\nThe Seine is a river in northern France.", "score": 1.5}]]
+
+
+def test_student_prompt_is_unchanged_without_a_block():
+    q = "Which river flows through the host city of the 1900 Olympics?"
+    assert solver_user_message(q) == f"{SOLVER_INSTRUCTION}\n\nQuestion: {q}"
+    assert solver_user_message(q, None) == solver_user_message(q, "  ") == solver_user_message(q)
+
+
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_teacher_prompt_is_the_student_prompt_plus_the_block(tok, template):
+    from inference.prompts import build_teacher_prompt, teacher_context
+
+    q = "Which river flows through the host city of the 1900 Olympics?"
+    block = teacher_context(tok, ["Seine", "River Seine"], ["1900 Olympics host", "Paris river"], QCP_DOCS, 512)
+    student = tok.decode(build_solver_prompt(tok, q, template))
+    teacher = tok.decode(build_teacher_prompt(tok, q, block, template))
+    assert teacher.replace(f"\n\n{block}", "", 1) == student       # the block is the only difference
+    assert teacher.index(SOLVER_INSTRUCTION) < teacher.index(block) < teacher.index(f"Question: {q}")
+
+
+def test_teacher_context_keeps_the_path_in_order_and_fits_the_budget(tok):
+    from inference.prompts import TEACHER_HEADER, teacher_context
+
+    full = teacher_context(tok, ["Seine", "River Seine"], ["1900 Olympics host", "Paris river"], QCP_DOCS, 512)
+    assert full.splitlines() == [
+        TEACHER_HEADER, "Answer: Seine", "Search 1: 1900 Olympics host",
+        "Doc 1 (Title: 1900 Summer Olympics) The games were held in Paris, France.",
+        "Doc 2 (Title: Paris) Paris is the capital of France. The Seine flows through it.",
+        "Search 2: Paris river", "Doc 1 (Title: Seine) The Seine is a river in northern France."]
+    n = lambda text: len(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    for budget in (60, 45, 30, 12):
+        cut = teacher_context(tok, "Seine", ["1900 Olympics host", "Paris river"], QCP_DOCS, budget)
+        assert n(cut) <= budget
+        assert full.startswith(cut.rsplit("\n", 1)[0])                  # a prefix of the whole, whole lines
+        if budget >= 45:  # the answer and both searches survive a cut of the documents
+            assert "Answer: Seine" in cut and "Search 1:" in cut and "Search 2: Paris river" in cut
+    assert teacher_context(tok, "Seine", None, None, 64) == f"{TEACHER_HEADER}\nAnswer: Seine"   # the hint form
+    with pytest.raises(ValueError, match="max_tokens"):
+        teacher_context(tok, "Seine", [], [], 0)
+    with pytest.raises(ValueError, match="empty"):
+        teacher_context(tok, [""], [], [], 64)
