@@ -72,9 +72,11 @@ def _clean(docs: list[dict]) -> list[dict]:
             for d in docs]
 
 
-def _demo(question: str, answer: str, source: str, steps: list[tuple[str, list[dict], str]], entities: list[str]) -> dict:
-    """steps: (query, docs, think before the next action); the last think precedes the answer."""
-    turns, think = [], ""
+def _demo(question: str, answer: str, source: str, steps: list[tuple[str, list[dict], str]], entities: list[str],
+          plan: str = "") -> dict:
+    """steps: (query, docs, think before the next action); the last think precedes the answer. plan: a thought
+    before the first search (chains: which entity must be found first)."""
+    turns, think = [], f"<think> {plan} </think>\n" if plan else ""
     for query, docs, after in steps:
         turns.append({"kind": "model", "text": f"{think}<search> {query} </search>"})
         turns.append({"kind": "info", "docs": _clean(docs)})
@@ -233,9 +235,11 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
             y = strip_parens(c.fact.entity)
             bridge_think = (f"{quote(c.bridge.sentence, c.bridge.answer)} So "
                             f"{BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))} is {y}.")
+            # the plan names what the first search must find, so the thought after it knows a second one follows
+            plan = f"First I need {BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))}."
             demos.append(_demo(c.question, c.answer, "twohop", [(q1, d1, bridge_think),
                                                                 (q2, d2, quote(c.fact.sentence, c.answer))],
-                               [c.bridge.entity, c.fact.entity]))
+                               [c.bridge.entity, c.fact.entity], plan))
         else:
             stats["two-hop demo dropped: a page is not Doc 1 for its name"] += 1
 

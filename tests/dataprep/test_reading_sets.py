@@ -148,10 +148,12 @@ def test_demos_quote_the_answer_and_mix_one_and_two_searches(built):
         validate_demo(d)
         last = d["turns"][-1]["text"]
         assert "Doc 1 is about" not in last and d["answer"][0] in last.split("<answer>")[0]
+    assert not [d for d in solver if d["source"] != "twohop" and d["turns"][0]["text"].startswith("<think>")]
     searches = {sum(t["kind"] == "info" for t in d["turns"]) for d in solver}
     assert searches == {1, 2}
     two = [d for d in solver if d["source"] == "twohop"]
     for d in two:  # the bridge is named before the second search, and that search looks it up
+        assert d["turns"][0]["text"].startswith("<think> First I need the ")   # a plan: a second search follows
         bridge = d["entities"][1]
         assert bridge in d["turns"][2]["text"].split("<search>")[0] and bridge in d["turns"][2]["text"].split("<search>")[1]
 
