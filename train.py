@@ -86,7 +86,7 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     from pathlib import Path
 
     from training.config import (GROUPS, Config, build_parser, cuda_present, demo_default_errors, demo_defaults_in_use,
-                                 node_count, resolve_defaults)
+                                 needs_reference, node_count, resolve_defaults)
 
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
@@ -114,7 +114,7 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     from training.engine_builder import build_ds_config
 
     ds_cfgs = {"actor": build_ds_config(cfg, train=True)}
-    if cfg.algorithm.kl_coef > 0:
+    if needs_reference(cfg):
         ds_cfgs["reference"] = build_ds_config(cfg, train=False, offload_param=cfg.deepspeed.ref_offload)
     print("train.py --dry_run: resolved config\n" + json.dumps(cfg.to_dict(), indent=2))
     for name, ds in ds_cfgs.items():

@@ -125,11 +125,12 @@ class QuestionPool:
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, question: str, answer: Any, step: int = 0) -> None:
+    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None) -> None:
+        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher."""
         key = normalize_answer(question)
         if any(normalize_answer(it["question"]) == key for it in self.items):
             return
-        self.items.append({"question": question, "answer": answer, "step": step})
+        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {})})
 
     def sample(self, k: int) -> list[dict]:
         """k questions, distinct while the pool has enough."""
@@ -147,8 +148,20 @@ class QuestionPool:
     def from_list(cls, items: Sequence[dict], max_size: int = 1024, seed: int = 0) -> "QuestionPool":
         pool = cls(max_size, seed)
         for it in items:
-            pool.add(it["question"], it["answer"], it.get("step", 0))
+            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"))
         return pool
+
+
+QCP_DOC_CHARS = 1200  # a stored document's contents are cut here (the teacher's token budget cuts again)
+
+
+def qcp_of(t: Trajectory) -> dict:
+    """A proposer trajectory's question construction path (QCP): its queries in order and the documents
+    each returned. The solver's self-distillation teacher reads it as privileged context (issue 22;
+    inference/prompts.teacher_context)."""
+    docs = [[{"id": str(d.get("id", "")), "contents": str(d.get("contents", ""))[:QCP_DOC_CHARS]} for d in call]
+            for call in (t.info.get("docs") or [])]
+    return {"queries": [str(q) for q in (t.info.get("queries") or [])], "docs": docs}
 
 
 @dataclass
@@ -336,7 +349,7 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
         ids = (build_self_search_prompt if rollout_cfg.self_search else build_solver_prompt)(
             engine.tokenizer, q["question"], cfg.template)
         source = q.get("source", "proposer" if q["proposer"] is not None else "pool")
-        meta = {"proposer": q["proposer"], "from_pool": source == "pool", "source": source}
+        meta = {"proposer": q["proposer"], "from_pool": source == "pool", "source": source, "qcp": q.get("qcp")}
         reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
                                 meta=meta)] * cfg.solver_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
@@ -404,14 +417,17 @@ def play_round(
     props = propose(engine, rows, prop_search, cfg, prop_rcfg, step) if rows else []
     reasons, verdict = validate(props, engine, judge, cfg, rng) if props else ([], {})
     valid = [i for i, why in enumerate(reasons) if why is None]
-    questions = [{"question": props[i].question, "answer": props[i].answer, "proposer": i} for i in valid]
+    qcps = {i: qcp_of(props[i]) for i in valid}
+    questions = [{"question": props[i].question, "answer": props[i].answer, "proposer": i, "qcp": qcps[i]}
+                 for i in valid]
     fills = pool.sample(len(props) - len(valid)) if (pool is not None and cfg.pool_fill) else []
-    questions += [{"question": f["question"], "answer": f["answer"], "proposer": None} for f in fills]
+    questions += [{"question": f["question"], "answer": f["answer"], "proposer": None, "qcp": f.get("qcp")}
+                  for f in fills]
     questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}
                   for q in qa_questions]
     if pool is not None:   # after filling, so a round never re-asks its own fresh questions
         for i in valid:
-            pool.add(props[i].question, props[i].answer, step)
+            pool.add(props[i].question, props[i].answer, step, qcps[i])
     sols = solve(engine, questions, solver_search, cfg, sol_rcfg, step)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):

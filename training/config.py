@@ -157,6 +157,20 @@ class AlgoArgs:
     drop_flat_solver_groups: bool = F(False, "leave solver groups whose rewards are all equal (all right or all wrong) "
                                              "out of the loss (DAPO's dynamic sampling, without refilling): their group "
                                              "advantages are 0, and they only dilute the token-mean normaliser")
+    distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
+                            "each sampled token to its advantage, q_T being the same model given the proposer's "
+                            "question construction path (or the answer, --distill_hint) as privileged context",
+                     choices=("off", "sampled"))
+    distill_coef: float = F(0.1, "beta: weight of the per-token teacher term, at step 0 (--distill_schedule decays it)")
+    distill_schedule: str = F("constant", "beta over --total_steps: constant, or a linear/cosine decay to "
+                                          "--distill_coef_floor", choices=("constant", "linear", "cosine"))
+    distill_coef_floor: float = F(0.0, "beta at the last step of a linear or cosine --distill_schedule")
+    distill_context_tokens: int = F(512, "token budget of the teacher's privileged block (answer, searches, documents)")
+    distill_teacher: str = F("policy", "the teacher: the current policy (self-distillation) or the frozen reference",
+                             choices=("policy", "reference"))
+    distill_hint: bool = F(False, "solver questions without a construction path (fixed QA rows, pool questions "
+                                  "seeded from a file) get the golden answer alone as privileged context; off, "
+                                  "they get no teacher term (counted: distill/coverage)")
     ppo_mini_batches: int = F(1, "a COUNT, not a size: optimizer steps per pass over a step's rollouts; each rank "
                                  "splits its trajectories into this many mini-batches, whole groups kept together. "
                                  "veRL's ppo_mini_batch_size is a size (prompts per mini-batch): its count is "
@@ -411,6 +425,12 @@ def demo_default_errors(cfg: Config, cuda: bool, multi_node: bool) -> list[str]:
             + "\n    or pass --allow_demo_defaults true to run with them on purpose"]
 
 
+def needs_reference(cfg: Config) -> bool:
+    """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
+    a = cfg.algorithm
+    return a.kl_coef > 0 or (a.distill != "off" and a.distill_teacher == "reference")
+
+
 def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | None = None,
                   multi_node: bool | None = None) -> None:
     """Refuse combinations that cannot work, saying why. Called at parse time and again once
@@ -439,6 +459,19 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
         errs.append(f"--proposer_estimator {a.proposer_estimator} with --proposer_n {sp.proposer_n}: a group of one has no "
                     f"baseline, so every proposer advantage is 0 and the proposer never learns; use reinforce++ or ema, "
                     f"or set --proposer_n >= 2")
+    if a.distill != "off":
+        if a.distill_coef < 0 or a.distill_coef_floor < 0 or a.distill_coef_floor > a.distill_coef:
+            errs.append(f"--distill_coef {a.distill_coef} and --distill_coef_floor {a.distill_coef_floor} must satisfy "
+                        f"0 <= floor <= coef")
+        if a.distill_context_tokens < 1:
+            errs.append(f"--distill_context_tokens must be >= 1, got {a.distill_context_tokens}")
+        if not sp.solver_enable:
+            errs.append(f"--distill {a.distill} trains the solver toward a teacher: it needs --solver_enable true")
+        # +32: the block's blank lines and the chat template's room around it
+        if o.micro_token_budget < r.max_total_tokens + a.distill_context_tokens + 32:
+            errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "
+                        f"{r.max_total_tokens} + --distill_context_tokens {a.distill_context_tokens} + 32); raise it "
+                        f"or lower --distill_context_tokens")
     if "gae" in (a.proposer_estimator, a.solver_estimator):
         errs.append("estimator 'gae' needs a critic, which this trainer does not build yet; use grpo, rloo, reinforce++ or ema")
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:

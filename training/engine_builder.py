@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from training.config import Config
+from training.config import Config, needs_reference
 
 
 def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | None = None) -> dict:
@@ -157,7 +157,7 @@ def build_engines(cfg: Config) -> Engines:
     keepalive = [keep]
 
     ref = None
-    if cfg.algorithm.kl_coef > 0:
+    if needs_reference(cfg):
         ref_cfg = build_ds_config(cfg, train=False, offload_param=cfg.deepspeed.ref_offload)
         ref_model, keep_ref = _load_model(cfg, ref_cfg)
         ref_model.requires_grad_(False)

@@ -237,6 +237,7 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
          with_deepspeed: bool = True) -> dict:
     """The memory plan as a JSON-able dict (bytes per GPU unless a key says otherwise)."""
     from training.logprobs import auto_chunk_size   # one source of truth for the head's chunk
+    from training.config import needs_reference
 
     if arch is None:
         arch, arch_source = load_arch(cfg.model.model_path)
@@ -252,7 +253,7 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
     largest_trainable = c["largest"] if all_trainable else c["largest_in_layer"]
     off_o, off_p = ds.offload_optimizer, ds.offload_param and ds.zero_stage == 3
     master = 4 if b == 2 else 0                      # fp32 params are their own master copy
-    kl = cfg.algorithm.kl_coef > 0
+    kl = needs_reference(cfg)
 
     states = {"params": 0 if off_p else b * p // n,
               "grads": 0 if off_o else b * pt // n,

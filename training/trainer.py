@@ -364,6 +364,10 @@ class SSPTrainer:
                 old = self.forward_logprobs(self.actor, trajs)
             ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
         adv = self.advantages(trajs)
+        distill = {}
+        if cfg.algorithm.distill != "off":   # the teacher's dense term joins the solver's advantages
+            with self._timer(times, "teacher"):
+                adv, distill = self._distill(trajs, adv, old)
         gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
             set_lr(self.actor, cfg, self.step)
@@ -376,7 +380,7 @@ class SSPTrainer:
         self.nonfinite.update(upd.get("actor/skipped_steps", 0.0) > 0, what="loss inputs, log-probs or gradient norm")
         _fault_point("after_update", self.step)
 
-        metrics = {**game_stats, **upd, **sync}
+        metrics = {**game_stats, **upd, **sync, **distill}
         metrics.update(self._rollout_metrics(game.trajectories))
         metrics.update(self._mean_over_ranks({f"train/{role}_tokens": float(sum(t.num_sampled for t in trajs if t.role == role))
                                               for role in ("proposer", "solver")}))  # summed: SUM_KEYS
@@ -459,6 +463,24 @@ class SSPTrainer:
                 out[i] = res.advantages[j, :len(trajs[i].token_ids)].float()
         return out
 
+    def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict]:
+        """Self-distillation, sampled-token form (training/teacher.py): the teacher's log-probs of the
+        solver's own tokens under a privileged prompt, added with this step's beta to its advantages."""
+        from training.distill import beta_at
+        from training.teacher import apply_sampled, finish_metrics, teacher_logprobs
+        a = self.cfg.algorithm
+        beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
+                       a.distill_coef_floor)
+        engine = self.engines.ref if a.distill_teacher == "reference" else self.actor
+        teacher, blocks = teacher_logprobs(trajs, self.tokenizer, self.cfg.model.template, a.distill_context_tokens,
+                                           a.distill_hint, lambda seqs: self.forward_logprobs(engine, seqs))
+        for t, b in zip(trajs, blocks):
+            if b is not None:
+                t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
+        adv, sums = apply_sampled(trajs, adv, old, teacher, beta)
+        keys = sorted(sums)
+        return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta)
+
     def update(self, trajs, adv, old, ref) -> dict:
         from training.update import ppo_update
 
@@ -514,7 +536,9 @@ class SSPTrainer:
                 text = self.tokenizer.decode(t.token_ids)
                 self.log.text(self.step + 1, f"samples/{role}",
                               f"reward={t.reward:.3f} turns={t.num_turns} searches={t.num_searches} "
-                              f"stop={t.stop_reason} answer={t.answer!r}\n{text}")
+                              f"stop={t.stop_reason} answer={t.answer!r}\n{text}"
+                              + (f"\n--- teacher's privileged context ---\n{t.info['teacher_context']}"
+                                 if t.info.get("teacher_context") else ""))
 
     def evaluate(self) -> dict:
         """Held-out solver eval with eval.py's code, on this rank's share of the rows; results all-reduced."""

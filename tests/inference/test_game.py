@@ -318,8 +318,8 @@ class Scripted:
     """Plays both roles from a script on the real tokenizer: the proposer searches twice, then asks
     Q_LINCOLN; the solver searches once, then answers `solver_answer`."""
 
-    def __init__(self, tokenizer, solver_answer):
-        self.tokenizer, self.max_model_len, self.solver_answer = tokenizer, 4096, solver_answer
+    def __init__(self, tokenizer, solver_answer, question=Q_LINCOLN):
+        self.tokenizer, self.max_model_len, self.solver_answer, self.question = tokenizer, 4096, solver_answer, question
 
     def generate(self, prompts, sampling):
         outs = []
@@ -328,7 +328,7 @@ class Scripted:
             k = text.count(INFO_OPEN)
             if "You set puzzles" in text:
                 reply = ["<search> Abraham Lincoln president </search>",
-                         "<search> Lincoln assassination theatre </search>", f"<question> {Q_LINCOLN} </question>"][k]
+                         "<search> Lincoln assassination theatre </search>", f"<question> {self.question} </question>"][k]
             else:
                 reply = "<search> Lincoln </search>" if k == 0 else f"<answer> {self.solver_answer} </answer>"
             ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
@@ -469,3 +469,36 @@ def test_mark_excluded_groups_and_precedence():
     # an undecided RAG check excludes that proposer's group alone
     props = [Trajectory("proposer", "p0", [1], [1], [-1.0], info={"meta": {}}) for _ in range(2)]
     assert mark_excluded(props, [], {0: True, 1: None})["game/excluded/judge_failed"] == 1
+
+
+@pytest.mark.timeout(120)
+def test_solver_questions_carry_their_construction_path_through_the_pool(tokenizer, bm25, tmp_path):
+    """Self-distillation's privileged context (issue 22): a fresh question's solver trajectories carry its
+    proposer's queries and documents; the pool stores them, a later fill hands them on, and they survive
+    the checkpoint's torch.save / torch.load(weights_only=True)."""
+    import torch
+
+    from inference.game import QCP_DOC_CHARS, qcp_of
+
+    pool = QuestionPool(8, seed=0)
+    cfg = GameConfig(proposer_samples=1, solver_samples=2, rag_verifier="off")
+    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+                     pool=pool, step=0)
+    prop = next(t for t in res.trajectories if t.role == "proposer")
+    assert prop.info["valid"]
+    qcp = qcp_of(prop)
+    assert qcp["queries"] == ["Abraham Lincoln president", "Lincoln assassination theatre"]
+    assert [[d["id"] for d in call] for call in qcp["docs"]] == [[str(d["id"]) for d in call] for call in prop.info["docs"]]
+    assert all(len(d["contents"]) <= QCP_DOC_CHARS for call in qcp["docs"] for d in call) and qcp["docs"][0]
+    for t in (t for t in res.trajectories if t.role == "solver"):
+        assert t.info["meta"]["qcp"] == qcp
+    torch.save({"pool": pool.to_list()}, tmp_path / "state.pt")
+    back = QuestionPool.from_list(torch.load(tmp_path / "state.pt", weights_only=True)["pool"], 8)
+    assert back.to_list() == pool.to_list() and back.to_list()[0]["qcp"] == qcp
+    # a round whose question is invalid (it names its own answer) refills from the pool
+    leaky = Scripted(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
+    res2 = play_round(leaky, [ProposerRow(["Ford's Theatre"], 2)], bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+                      pool=back, step=1)
+    assert next(t for t in res2.trajectories if t.role == "proposer").info["filter_reason"] == "answer_in_question"
+    filled = [t for t in res2.trajectories if t.role == "solver"]
+    assert filled and all(t.info["meta"]["source"] == "pool" and t.info["meta"]["qcp"] == qcp for t in filled)

@@ -42,11 +42,26 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--min_searches", "3", "--max_turns", "3"], "--min_searches 3 needs --max_turns >= 4"),
     (["--ppo_epochs", "0"], "--ppo_epochs and --ppo_mini_batches must be >= 1"),
     (["--pool_init", "/nonexistent.jsonl"], "--pool_init /nonexistent.jsonl does not exist"),
+    (["--distill", "sampled", "--distill_coef", "0.1", "--distill_coef_floor", "0.2"], "must satisfy 0 <= floor <= coef"),
+    (["--distill", "sampled", "--solver_enable", "false"], "it needs --solver_enable true"),
+    (["--distill", "sampled", "--distill_context_tokens", "0"], "--distill_context_tokens must be >= 1"),
+    (["--distill", "sampled", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
+     "cannot hold a teacher sequence"),
 ])
 def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
         parse_config(_ok_paths(tmp_path) + extra)
     assert needle in str(e.value)
+
+
+def test_the_reference_is_built_for_kl_or_as_the_teacher(tmp_path):
+    from training.config import needs_reference
+
+    assert not needs_reference(parse_config(_ok_paths(tmp_path)))
+    assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--kl_coef", "0.01"]))
+    assert not needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "sampled"]))   # the policy teaches
+    assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "sampled", "--distill_teacher", "reference"]))
+    assert not needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill_teacher", "reference"]))  # distill off
 
 
 def test_missing_paths_name_the_fix(tmp_path):

@@ -50,6 +50,13 @@ MODES = {
     # left out of the loss (half the groups here); tolerated (--max_failed_share 1), or stopped.
     # A random tiny model writes no <answer> (which needs no judge), so in these modes the driver
     # reads "x" as every solver's answer: each one then goes to the real LLM judge client.
+    # self-distillation (issue 22): a random tiny model writes no valid question, so every solver question
+    # is a pool fill without a construction path: --distill_hint gives each the golden answer as its teacher's
+    # privileged context. Coefficient 0 must leave the update as "full"'s; 0.5 must change it.
+    "distill_zero": ["--distill", "sampled", "--distill_coef", "0", "--distill_hint", "true",
+                     "--distill_context_tokens", "128"],
+    "distill_hint": ["--distill", "sampled", "--distill_coef", "0.5", "--distill_hint", "true", "--distill_context_tokens", "128",
+                     "--distill_schedule", "linear", "--distill_coef_floor", "0.1"],
     "judge_down_tolerated": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m",
                              "--max_failed_share", "1.0"],
     "judge_down": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m", "--max_failed_share", "0.25"],
@@ -234,6 +241,21 @@ def test_lr_schedule_optimizer_steps_and_measured_gaps(runs):
     for m in runs["bf16_rollout_lp"]:
         assert 0 < m["actor/rollout_lp_gap"] < 0.1, m["actor/rollout_lp_gap"]
         assert 0 < m["actor/weights_changed_frac"] <= 1
+
+
+@pytest.mark.slow
+def test_self_distillation_adds_the_teachers_term_and_zero_changes_nothing(runs):
+    full, zero, hint = runs["full"], runs["distill_zero"], runs["distill_hint"]
+    for m in zero + hint:
+        assert m["distill/coverage"] == 1.0 and m["distill/with_teacher"] == m["rollout/solver_trajs"] > 0, m
+        assert m["timing_s/teacher"] > 0 and abs(m["distill/kl"] + m["distill/logp_gap"]) < 1e-9, m
+        assert 0 < abs(m["distill/kl"]) < 50, m      # the hint changes the scores of the sampled tokens
+    assert [m["distill/beta"] for m in hint] == pytest.approx([0.5, 0.3])   # linear from 0.5 to 0.1 over 2 steps
+    for a, b in zip(full, zero):   # same seed, same games (the precondition), so the same update at beta 0
+        assert (a["train/solver_tokens"], a["solver/acc"]) == (b["train/solver_tokens"], b["solver/acc"])
+        assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], abs=1e-6)
+    assert any(abs(a["actor/pg_loss"] - b["actor/pg_loss"]) > 1e-4 for a, b in zip(full, hint)
+               if a["train/solver_tokens"] == b["train/solver_tokens"])
 
 
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():

@@ -1,0 +1,115 @@
+"""The self-distillation teacher's plumbing (training/teacher.py): which solver trajectory gets a teacher,
+what the teacher sees (its own prompt, then the student's response token for token), how its log-probs
+line up with the student's tokens, and the dense term added to the advantages.
+
+The teacher's log-probs are checked against a plain-torch forward of the tiny random model on the
+teacher sequence built independently from inference/prompts.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
+from inference.trajectory import Trajectory
+from training.teacher import apply_sampled, finish_metrics, privileged_block, teacher_logprobs, teacher_trajectory
+
+QCP = {"queries": ["1900 Olympics host", "Paris river"],
+       "docs": [[{"id": "1", "contents": "1900 Summer Olympics\nThe games were held in Paris."}],
+                [{"id": "2", "contents": "Seine\nThe Seine flows through Paris."}]]}
+QUESTION = "Which river flows through the city that hosted the 1900 Olympics?"
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def solver(tok, qcp=QCP, question=QUESTION, source="proposer", seed=0) -> Trajectory:
+    """A solver trajectory as the rollout builds it: prompt, a sampled turn, an info block (mask 0), a sampled turn."""
+    g = torch.Generator().manual_seed(seed)
+    prompt = build_solver_prompt(tok, question, "auto")
+    turn1 = tok("<search> Paris river </search>", add_special_tokens=False)["input_ids"]
+    info = tok("\n\n<information>Doc 1 (Title: Seine) The Seine flows.</information>\n\n", add_special_tokens=False)["input_ids"]
+    turn2 = tok("<answer> Seine </answer>", add_special_tokens=False)["input_ids"]
+    ids = prompt + turn1 + info + turn2
+    mask = [0] * len(prompt) + [1] * len(turn1) + [0] * len(info) + [1] * len(turn2)
+    lps = [(-torch.rand(1, generator=g).item() if m else 0.0) for m in mask]
+    return Trajectory("solver", "s0-q0", ids, mask, lps, prompt_len=len(prompt), question=question, answer=["Seine"],
+                      info={"meta": {"qcp": qcp, "source": source}})
+
+
+def test_who_gets_a_teacher(tok):
+    assert privileged_block(solver(tok), tok, 256, hint=False) == teacher_context(tok, ["Seine"], QCP["queries"],
+                                                                                   QCP["docs"], 256)
+    qa = solver(tok, qcp=None, source="qa")
+    assert privileged_block(qa, tok, 256, hint=False) is None
+    assert privileged_block(qa, tok, 256, hint=True) == teacher_context(tok, ["Seine"], None, None, 256)
+
+
+def test_teacher_sequence_is_its_prompt_then_the_students_response(tok):
+    t = solver(tok)
+    tp = build_teacher_prompt(tok, QUESTION, privileged_block(t, tok, 256, False), "auto")
+    s = teacher_trajectory(t, tp)
+    assert s.token_ids[:len(tp)] == tp and s.prompt_len == len(tp)
+    assert s.token_ids[len(tp):] == t.token_ids[t.prompt_len:]          # every response token, info blocks too
+    assert s.loss_mask == [0] * len(tp) + t.loss_mask[t.prompt_len:]     # info tokens stay out of the term
+    assert t.token_ids[:t.prompt_len] != tp                              # the student's prompt is not the teacher's
+
+
+def test_teacher_logprobs_line_up_with_the_students_tokens(tok, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+
+    def plain(ids: list[int]) -> torch.Tensor:   # log p(token_i | tokens before i), 0 for the first
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        return torch.cat([torch.zeros(1), logp[:-1].gather(1, torch.tensor(ids[1:])[:, None])[:, 0]])
+
+    calls = []
+
+    def forward(seqs):
+        calls.append(len(seqs))
+        return [plain(s.token_ids) for s in seqs]
+
+    with_qcp, qa = solver(tok), solver(tok, qcp=None, source="qa", seed=1)
+    prop = Trajectory("proposer", "s0-p0", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], prompt_len=1)
+    out, blocks = teacher_logprobs([with_qcp, prop, qa], tok, "auto", 256, False, forward)
+    assert out[1] is None and out[2] is None and blocks[1] is None and blocks[2] is None and calls == [1]
+    # independent: the teacher sequence rebuilt from inference/prompts.py, scored whole
+    tp = build_teacher_prompt(tok, QUESTION, teacher_context(tok, ["Seine"], QCP["queries"], QCP["docs"], 256), "auto")
+    want = plain(tp + with_qcp.token_ids[with_qcp.prompt_len:])[len(tp):]
+    got = out[0]
+    assert got.shape == (len(with_qcp.token_ids),) and torch.equal(got[:with_qcp.prompt_len], torch.zeros(with_qcp.prompt_len))
+    torch.testing.assert_close(got[with_qcp.prompt_len:], want, rtol=0, atol=1e-6)
+    student = plain(with_qcp.token_ids)[with_qcp.prompt_len:]   # the privileged prompt changes the scores
+    m = torch.tensor(with_qcp.loss_mask[with_qcp.prompt_len:], dtype=torch.bool)
+    assert (got[with_qcp.prompt_len:][m] - student[m]).abs().max() > 1e-4
+    out_hint, _ = teacher_logprobs([with_qcp, prop, qa], tok, "auto", 256, True, forward)
+    assert out_hint[2] is not None and calls[-1] == 2
+
+
+def test_dense_term_on_sampled_tokens_only_and_beta_zero_is_exact(tok):
+    a, b = solver(tok), solver(tok, qcp=None, source="qa", seed=1)
+    prop = Trajectory("proposer", "s0-p0", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], prompt_len=1)
+    trajs = [a, prop, b]
+    g = torch.Generator().manual_seed(3)
+    adv = [torch.randn(len(t.token_ids), generator=g) for t in trajs]
+    student = [torch.tensor(t.logprobs) for t in trajs]
+    teacher = [torch.randn(len(a.token_ids), generator=g), torch.randn(3, generator=g), None]
+    new, sums = apply_sampled(trajs, adv, student, teacher, 0.0)
+    assert all(torch.equal(x, y) for x, y in zip(new, adv))
+    beta = 0.5
+    new, sums = apply_sampled(trajs, adv, student, teacher, beta)
+    m = torch.tensor(a.loss_mask, dtype=torch.bool)
+    want = adv[0].clone()
+    want[m] += beta * (teacher[0][m] - student[0][m])
+    torch.testing.assert_close(new[0], want, rtol=0, atol=1e-7)
+    assert torch.equal(new[1], adv[1]) and torch.equal(new[2], adv[2])   # a proposer, a solver without a teacher
+    n_a, n_b = float(m.sum()), float(sum(b.loss_mask))
+    assert sums["covered"] == n_a and sums["solver_tokens"] == n_a + n_b and sums["with_teacher"] == 1
+    met = finish_metrics(sums, beta)
+    gap = float((teacher[0][m] - student[0][m]).mean())
+    assert met["distill/logp_gap"] == pytest.approx(gap) and met["distill/kl"] == pytest.approx(-gap)
+    assert met["distill/coverage"] == pytest.approx(n_a / (n_a + n_b)) and met["distill/beta"] == beta
