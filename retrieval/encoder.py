@@ -49,21 +49,36 @@ def fingerprint(model_path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
+_ST_POOLING = {"pooling_mode_cls_token": "cls", "pooling_mode_mean_tokens": "mean"}   # what encode() implements
+_ST_MODULES = ("Transformer", "Pooling", "Normalize")
+
+
 def read_st_config(model_path: str | Path) -> dict:
-    """Pooling / normalisation / max length of a sentence-transformers folder ({} if it is not one)."""
+    """Pooling / normalisation / max length of a sentence-transformers folder ({} if it is not one).
+
+    Only what `Encoder.encode` computes is accepted: a Transformer, one Pooling of CLS or mean, and an
+    optional Normalize. Any other pooling mode (max, last token, weighted mean, sqrt-length mean) or module
+    (Dense, LayerNorm, ...) is refused by name: read as mean pooling it gave other vectors with no error."""
     p = Path(model_path)
     modules = p / "modules.json"
     if not modules.exists():
         return {}
     out: dict = {"normalize": False}
     for m in json.loads(modules.read_text()):
-        kind = m.get("type", "")
+        kind = str(m.get("type", ""))
+        if not kind.endswith(_ST_MODULES):
+            raise ValueError(f"{modules}: module {kind!r} is not implemented by retrieval.encoder (only "
+                             f"Transformer, Pooling and Normalize are); its vectors would be wrong. Encode with "
+                             f"sentence_transformers.SentenceTransformer, or use an encoder without it")
         if kind.endswith("Pooling"):
             pc = json.loads((p / m["path"] / "config.json").read_text())
-            if pc.get("pooling_mode_cls_token"):
-                out["pooling"] = "cls"
-            elif pc.get("pooling_mode_mean_tokens"):
-                out["pooling"] = "mean"
+            on = sorted(k for k, v in pc.items() if k.startswith("pooling_mode_") and v)
+            unknown = [k for k in on if k not in _ST_POOLING]
+            if unknown or len(on) != 1:
+                raise ValueError(f"{p / m['path'] / 'config.json'}: pooling {on or 'none'} is not supported by "
+                                 f"retrieval.encoder, which implements exactly one of {sorted(_ST_POOLING)}; "
+                                 f"its vectors would be wrong")
+            out["pooling"] = _ST_POOLING[on[0]]
         elif kind.endswith("Normalize"):
             out["normalize"] = True
     sb = p / "sentence_bert_config.json"

@@ -58,3 +58,47 @@ def test_fingerprint_follows_the_model_not_the_path(minilm, minilm_elsewhere, ot
 
 def test_empty_input(enc):
     assert enc.encode([], is_query=True).shape == (0, 384)
+
+
+def _st_copy(minilm, tmp_path, pooling: dict | None = None, extra_module: str | None = None):
+    """MiniLM's folder with its pooling config or module list changed (the weights linked, not copied)."""
+    import json
+    from pathlib import Path
+
+    out = tmp_path / "st"
+    out.mkdir()
+    for f in Path(minilm).iterdir():
+        if f.name not in ("1_Pooling", "modules.json"):
+            (out / f.name).symlink_to(f)
+    (out / "1_Pooling").mkdir()
+    pc = json.loads((Path(minilm) / "1_Pooling" / "config.json").read_text())
+    pc.update(pooling or {})
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(pc))
+    mods = json.loads((Path(minilm) / "modules.json").read_text())
+    if extra_module:
+        mods.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": extra_module})
+    (out / "modules.json").write_text(json.dumps(mods))
+    return out
+
+
+@pytest.mark.parametrize("pooling, needle", [
+    ({"pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": True}, "pooling_mode_max_tokens"),
+    ({"pooling_mode_mean_tokens": False, "pooling_mode_lasttoken": True}, "pooling_mode_lasttoken"),
+    ({"pooling_mode_mean_tokens": False, "pooling_mode_weightedmean_tokens": True}, "pooling_mode_weightedmean_tokens"),
+    ({"pooling_mode_cls_token": True}, "pooling_mode_cls_token"),      # two modes at once: concatenated vectors
+    ({"pooling_mode_mean_tokens": False}, "pooling none"),
+])
+def test_pooling_it_does_not_implement_is_refused_by_name(minilm, tmp_path, pooling, needle):
+    """Before, max pooling (and every other mode) silently became mean pooling: other vectors, no error."""
+    folder = _st_copy(minilm, tmp_path, pooling)
+    with pytest.raises(ValueError, match=needle):
+        Encoder(folder)
+
+
+def test_a_dense_module_is_refused_and_cls_is_read(minilm, tmp_path):
+    with pytest.raises(ValueError, match="sentence_transformers.models.Dense"):
+        read_st_config(_st_copy(minilm, tmp_path, extra_module="sentence_transformers.models.Dense"))
+    cls = tmp_path / "cls"
+    cls.mkdir()
+    assert read_st_config(_st_copy(minilm, cls, {"pooling_mode_mean_tokens": False, "pooling_mode_cls_token": True}))[
+        "pooling"] == "cls"
