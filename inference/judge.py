@@ -353,7 +353,8 @@ class Judge:
                 return r.json()["data"][0]["id"]
             except Exception as e:  # noqa: BLE001 - any failure means "no judge"; logged below
                 err = e
-                await asyncio.sleep(self.backoff_s * 2**attempt)
+                if attempt < self.retries:   # no wait after the last try: nothing follows it
+                    await asyncio.sleep(self.backoff_s * 2**attempt)
         log.warning("judge /v1/models at %s failed: %r", self.url, err)
         return None
 

@@ -71,6 +71,24 @@ def test_server_down_marks_judge_failed_and_em_stands(dead_url, tmp_path):
 
 
 @pytest.mark.timeout(60)
+def test_model_discovery_waits_only_between_tries(dead_url, monkeypatch):
+    """After its last failed try nothing follows, so no backoff: that sleep cost ~2 s a step while the judge was down."""
+    import inference.judge as J
+
+    waits = []
+    real_sleep = J.asyncio.sleep
+
+    async def record(s):
+        waits.append(s)
+        await real_sleep(0)
+
+    monkeypatch.setattr(J.asyncio, "sleep", record)
+    judge = Judge(dead_url, retries=2, backoff_s=0.5, timeout_s=2.0)
+    assert all(r.judge_failed for r in judge.judge_many(HARD[:1]))
+    assert waits == [0.5, 1.0]   # 3 tries, 2 waits (before: a third of 2.0 s after the last)
+
+
+@pytest.mark.timeout(60)
 def test_server_down_model_discovery_and_give_up(dead_url):
     # model=None makes the client ask /v1/models first; that failing fails the batch at once
     judge = Judge(dead_url, retries=1, backoff_s=0.01, timeout_s=2.0)
