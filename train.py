@@ -203,7 +203,9 @@ def main(argv: list[str] | None = None) -> None:
     if own.dry_run or own.dry_run_build_ops:
         sys.exit(dry_run(argv, own.dry_run_build_ops))
     from training.config import ConfigError, parse_config
+    from utils.logging import configure_logging
 
+    configure_logging(int(os.environ.get("RANK", "0")))   # the launchers set RANK before the process starts
     try:
         cfg = parse_config(argv, description=DESCRIPTION)
         from training.trainer import SSPTrainer

@@ -25,6 +25,29 @@ from utils.dist import is_main
 NONFINITE = {"nan": float("nan"), "inf": float("inf"), "-inf": float("-inf")}
 
 
+PROJECT_LOGGERS = ("inference", "training", "retrieval", "utils", "dataprep", "eval")
+
+
+def configure_logging(rank: int = 0, stream=None) -> None:
+    """Once per process, at start-up (train.py): the project's library loggers (judge, game, retrieval, ...)
+    print with the rank in every line, info and up on rank 0 and warnings and up elsewhere. Other libraries
+    stay at warnings (httpx logs every request at info); those with handlers of their own (vLLM) keep them.
+    Calling it again replaces its handler rather than adding a second one."""
+    import logging
+
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.set_name("ssp")
+    handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+                                           "%H:%M:%S"))
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == "ssp"]:
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO if rank == 0 else logging.WARNING)
+
+
 def print0(*args, **kwargs) -> None:
     if is_main():
         print(*args, **kwargs, flush=True)

@@ -54,3 +54,44 @@ def test_disabled_logger_writes_nothing(tmp_path):
     log.scalars(0, {"a": float("nan")})
     log.close()
     assert not (tmp_path / "off").exists()
+
+
+LOG_PROBE = """
+import logging, sys
+sys.path.insert(0, {repo!r})
+from utils.logging import configure_logging
+configure_logging({rank})
+configure_logging({rank})          # twice: still one line per record
+logging.getLogger("inference.judge").info("judge-info")
+logging.getLogger("retrieval.client").warning("client-warning")
+logging.getLogger("httpx").info("httpx-info")
+"""
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_library_logging_names_the_rank_and_keeps_info_on_rank_0(rank):
+    """Before, train.py configured no logging: library warnings came as bare lines from every rank and
+    their info lines were lost."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    err = subprocess.run([sys.executable, "-c", LOG_PROBE.format(repo=str(repo), rank=rank)], capture_output=True,
+                         text=True, check=True).stderr.splitlines()
+    warn = [line for line in err if "client-warning" in line]
+    assert len(warn) == 1 and warn[0].startswith(f"[rank{rank}] ") and "retrieval.client" in warn[0]
+    assert sum("judge-info" in line for line in err) == (1 if rank == 0 else 0)
+    assert not [line for line in err if "httpx-info" in line]
+
+
+def test_train_py_configures_logging_with_the_launchers_rank(monkeypatch):
+    import train
+    import utils.logging as L
+
+    seen = []
+    monkeypatch.setattr(L, "configure_logging", lambda rank=0, stream=None: seen.append(rank))
+    monkeypatch.setenv("RANK", "3")
+    with pytest.raises(SystemExit):
+        train.main(["--model_path", "/nonexistent-model"])
+    assert seen == [3]
