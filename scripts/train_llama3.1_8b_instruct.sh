@@ -4,7 +4,8 @@
 #   MODEL=/models/local-copy RETRIEVER_URL=http://127.0.0.1:8000 JUDGE_URL=http://judge:8001/v1 bash scripts/train_llama3.1_8b_instruct.sh hostfile
 # Defaults: vLLM TP=1 across neighbouring ranks, 256 prompts per step, ZeRO-3.
 export MODEL=${MODEL:-meta-llama/Llama-3.1-8B-Instruct}
-export TEMPLATE=${TEMPLATE:-llama3.1}
+# TEMPLATE: the tokenizer's own chat template; TEMPLATE=llama3.1 is the same format written out
+export TEMPLATE=${TEMPLATE:-auto}
 export VLLM_TP=${VLLM_TP:-1}
 export PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-256}
 export OFFLOAD=${OFFLOAD:-false}

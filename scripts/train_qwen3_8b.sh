@@ -4,7 +4,8 @@
 #   MODEL=/models/local-copy RETRIEVER_URL=http://127.0.0.1:8000 JUDGE_URL=http://judge:8001/v1 bash scripts/train_qwen3_8b.sh hostfile
 # Defaults: vLLM TP=1 across neighbouring ranks, 256 prompts per step, ZeRO-3.
 export MODEL=${MODEL:-Qwen/Qwen3-8B}
-export TEMPLATE=${TEMPLATE:-qwen3}
+# TEMPLATE: the tokenizer's own chat template; TEMPLATE=qwen3 is the same format written out
+export TEMPLATE=${TEMPLATE:-auto}
 export VLLM_TP=${VLLM_TP:-1}
 export PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-256}
 export OFFLOAD=${OFFLOAD:-false}

@@ -51,6 +51,14 @@ def test_model_script_template_is_a_real_choice(script):
     assert _script_defaults(script)["TEMPLATE"] in choices
 
 
+@pytest.mark.parametrize("script", MODEL_SCRIPTS, ids=lambda p: p.name)
+def test_models_with_a_chat_template_use_it(script):
+    """A model that ships a chat template is prompted through it (TEMPLATE=auto); the hand-written strings
+    are tested only against themselves, so only base models (no template) default to the plain r_search."""
+    want = "r_search" if script.stem.endswith("_base") else "auto"
+    assert _script_defaults(script)["TEMPLATE"].split()[0] == want
+
+
 # ----------------------------------------------------------------------------- --model_path: hub ids
 
 def _validate_model_path(path: str, monkeypatch, offline: str | None):
