@@ -38,7 +38,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
 RUNGS=${RUNGS:-"0 1 2"}
 SEEDS=${SEEDS:-"1 2 3"}
-QA_STEPS=${QA_STEPS:-"15"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores)
+QA_STEPS=${QA_STEPS:-"10"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores; the measured run)
 STEPS=${STEPS:-"10"}           # rung 2 milestones (~75 s a step: about rung 1's wall time)
 SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-5e-5}
