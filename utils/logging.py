@@ -35,8 +35,13 @@ def configure_logging(rank: int = 0, stream=None) -> None:
     Calling it again replaces its handler rather than adding a second one."""
     import logging
 
+    def keep(record: logging.LogRecord) -> bool:   # other libraries may set INFO on their own loggers (bm25s)
+        own = record.name.split(".")[0] in PROJECT_LOGGERS
+        return own or record.levelno >= logging.WARNING
+
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.set_name("ssp")
+    handler.addFilter(keep)
     handler.setFormatter(logging.Formatter(f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
                                            "%H:%M:%S"))
     root = logging.getLogger()
