@@ -72,7 +72,7 @@ from typing import Any, Callable, Sequence
 
 from inference.data import EvalRow, load_eval_rows
 from inference.judge import Judge, JudgeItem
-from inference.prompts import TEMPLATES, build_solver_prompt
+from inference.prompts import TEMPLATES, build_solver_prompt, doc_title
 from inference.self_search import build_self_search_prompt
 from inference.rewards import extract_answer
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
@@ -123,14 +123,6 @@ def pass_ks(samples: int) -> list[int]:
 SAMPLE_FIELDS = ("pred", "em", "f1", "sub_em", "judge_correct", "judge_source", "judge_failed", "turns", "searches",
                  "stop_reason", "queries", "response", "doc_titles")
 COPY_KS = 3  # title_copy_at reports k = 1..max(COPY_KS, most docs one search returned), so tables keep their columns
-
-
-def doc_title(d: Any) -> str:
-    """A document's title as the model reads it (inference/prompts.py format_docs): the first line of its
-    contents, stripped; contents without a newline have no title."""
-    contents = str(d.get("contents", "") if isinstance(d, dict) else d)
-    title, sep, _ = contents.partition("\n")
-    return title.strip() if sep else ""
 
 
 def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:

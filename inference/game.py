@@ -34,7 +34,8 @@ from typing import Any, Callable, Sequence
 from inference.data import ProposerRow
 from inference.filters import FILTER_REASONS, FilterConfig, check_question
 from inference.judge import Judge, JudgeItem
-from inference.prompts import build_proposer_prompt, build_solver_prompt, encode_prompt, format_docs, render_chat
+from inference.prompts import (build_proposer_prompt, build_solver_prompt, doc_title, encode_prompt, format_docs,
+                               render_chat)
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import build_self_search_prompt
@@ -495,11 +496,8 @@ def answer_is_first_title(t: Trajectory) -> bool:
     """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
     is one the "search once, answer Doc 1's title" heuristic (issue 21) may solve without the later searches."""
     docs = t.info.get("docs") or []
-    first = docs[0] if docs else []
-    if not first:
-        return False
-    title, sep, _ = str(first[0].get("contents", "")).partition("\n")
-    return bool(sep) and bool(exact_match(title.strip(), t.answer))
+    title = doc_title(docs[0][0]) if docs and docs[0] else ""
+    return bool(title) and bool(exact_match(title, t.answer))
 
 
 def _stats(props, sols, reasons, verdict, n_fills, pool) -> dict:

@@ -205,6 +205,14 @@ def build_proposer_prompt(tokenizer: Any, answer: Any, n_searches: int, template
     return encode_prompt(tokenizer, text, template)
 
 
+def doc_title(d: Any) -> str:
+    """A document's title as the model reads it in format_docs: the first line of its contents, stripped;
+    contents without a newline have no title."""
+    contents = str(d.get("contents", "") if isinstance(d, dict) else d)
+    title, sep, _ = contents.partition("\n")
+    return title.strip() if sep else ""
+
+
 def format_docs(docs: Iterable[Any] | None) -> str:
     """The text inside <information>: one line per document, 'Doc i (Title: T) text'.
 

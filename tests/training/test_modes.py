@@ -57,6 +57,9 @@ MODES = {
                      "--distill_context_tokens", "128"],
     "distill_hint": ["--distill", "sampled", "--distill_coef", "0.5", "--distill_hint", "true", "--distill_context_tokens", "128",
                      "--distill_schedule", "linear", "--distill_coef_floor", "0.1"],
+    # the frozen reference as the teacher: at step 1 it equals the policy, so its KL equals distill_zero's
+    "distill_ref": ["--distill", "sampled", "--distill_coef", "0", "--distill_hint", "true",
+                    "--distill_context_tokens", "128", "--distill_teacher", "reference"],
     "judge_down_tolerated": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m",
                              "--max_failed_share", "1.0"],
     "judge_down": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m", "--max_failed_share", "0.25"],
@@ -256,6 +259,9 @@ def test_self_distillation_adds_the_teachers_term_and_zero_changes_nothing(runs)
         assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], abs=1e-6)
     assert any(abs(a["actor/pg_loss"] - b["actor/pg_loss"]) > 1e-4 for a, b in zip(full, hint)
                if a["train/solver_tokens"] == b["train/solver_tokens"])
+    ref = runs["distill_ref"]   # the reference teacher ran (it is built only for it: --kl_coef is 0)
+    assert all(m["distill/coverage"] == 1.0 and m["timing_s/teacher"] > 0 for m in ref)
+    assert ref[0]["distill/kl"] == pytest.approx(zero[0]["distill/kl"], abs=1e-5)
 
 
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
