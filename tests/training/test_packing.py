@@ -118,7 +118,9 @@ _DIST_SCRIPT = textwrap.dedent("""
         n_seqs = 5 if rank == 0 else 1
         mbs = pack_micro_batches([[1] * 6] * n_seqs, 8, per_token={"loss_mask": [[0] + [1] * 5] * n_seqs})
         out = equalise_micro_batches(mbs)
-        print(f"RANK{rank} {len(mbs)} {len(out)} {sum(m.is_dummy for m in out)}", flush=True)
+        # One write per rank into its own file: two forked ranks printing to one pipe can interleave their lines.
+        with open(f"{store}.rank{rank}", "w") as f:
+            f.write(f"RANK{rank} {len(mbs)} {len(out)} {sum(m.is_dummy for m in out)}")
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -136,7 +138,7 @@ def test_equalise_over_torch_distributed(tmp_path):
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "store")], env=env, capture_output=True, text=True,
                           timeout=100)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = sorted(x for x in proc.stdout.splitlines() if x.startswith("RANK"))
+    lines = [(tmp_path / f"store.rank{r}").read_text() for r in range(2)]
     assert lines == ["RANK0 5 5 0", "RANK1 1 5 4"]
 
 
