@@ -12,10 +12,17 @@
 #      held-out eval at each milestone in QA_STEPS
 #   6. rung 2, SSP, per seed: both roles trained from proposer rows (answers from the corpus), held-out
 #      eval at each milestone in STEPS
-#   7. bench/learning_proof.py: one plot of both RL rungs (bench/learning_proof.png), the sections
-#      learning_headroom, learning_qa and learning of bench/RESULTS.md, their keys in bench/results.json
+#   7. rung 3, SSP with self-distillation of the solver (issue 22), per seed: rung 2's recipe plus
+#      --distill sampled (the proposer's search path as the teacher's privileged context), held-out eval at
+#      each milestone in DISTILL_STEPS. Equal wall time with rung 2: the teacher forward costs time, so rung 2
+#      gets the extra steps it buys; run rung 3 first, then RUNGS=2 STEPS="10 N" with N from its timing
+#      (bench/learning_proof.py prints N and compares rung 3 with the rung-2 milestone nearest its wall time)
+#   8. bench/learning_proof.py: one plot of the RL rungs (bench/learning_proof.png), the sections
+#      learning_headroom, learning_qa, learning and learning_distill of bench/RESULTS.md, their keys in
+#      bench/results.json
 #
 #   bash scripts/learning_proof_cpu.sh                       # rungs 0-2, 3 seeds (the measured run)
+#   RUNGS=3 bash scripts/learning_proof_cpu.sh && RUNGS="2 3" STEPS="10 13" bash scripts/learning_proof_cpu.sh
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint, so
@@ -40,6 +47,9 @@ RUNGS=${RUNGS:-"0 1 2"}
 SEEDS=${SEEDS:-"1 2 3"}
 QA_STEPS=${QA_STEPS:-"10"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores; the measured run)
 STEPS=${STEPS:-"10"}           # rung 2 milestones (~75 s a step: about rung 1's wall time)
+DISTILL_STEPS=${DISTILL_STEPS:-"10"}   # rung 3 milestones
+DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the sampled-token distillation term
+DISTILL_CONTEXT=${DISTILL_CONTEXT:-512}  # rung 3: token budget of the teacher's privileged block
 SFT_DEMOS=${SFT_DEMOS:-640}
 LR=${LR:-5e-5}
 QA_PROMPTS=${QA_PROMPTS:-8}    # rung 1: fixed QA questions per step
@@ -72,7 +82,7 @@ hf_export_done() {  # config plus one safetensors file or the index of its shard
   [ -f "$1/config.json" ] && { [ -f "$1/model.safetensors" ] || [ -f "$1/model.safetensors.index.json" ]; }
 }
 
-echo "== [1/7] data, BM25 index, dtype"
+echo "== [1/8] data, BM25 index, dtype"
 $PY scripts/prepare_data.py
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
@@ -82,7 +92,7 @@ EVAL_DTYPE=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).
 PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
 
-echo "== [2/7] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
+echo "== [2/8] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
 had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true
 t=$(date +%s)
 COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl} SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
@@ -95,7 +105,7 @@ evaluate() {  # model_dir out_dir [eval.py args]; run only while out_dir has no 
     --kv_cache_mb 1024 --batch_size 128 --out_dir "$dir" --overwrite "$@" 2>&1 | tail -12
 }
 
-echo "== [3/7] held-out eval of the SFT checkpoint; dev split of the QA rows"
+echo "== [3/8] held-out eval of the SFT checkpoint; dev split of the QA rows"
 if [ ! -f "$OUT/eval_sft/results.json" ]; then
   t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" "${HELDOUT[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
 fi
@@ -106,7 +116,7 @@ if [ ! -f "$OUT/qa_dev.jsonl" ]; then  # the file is shuffled at a fixed seed: i
 fi
 
 if has_rung 0; then
-  echo "== [4/7] rung 0, headroom: SFT greedy vs pass@$PASSK on the dev split and a held-out slice"
+  echo "== [4/8] rung 0, headroom: SFT greedy vs pass@$PASSK on the dev split and a held-out slice"
   t=$(date +%s)
   evaluate "$OUT/sft/hf" "$OUT/eval_sft_dev" --data "$OUT/qa_dev.jsonl"
   evaluate "$OUT/sft/hf" "$OUT/passk_dev" --data "$OUT/qa_dev.jsonl" --samples "$PASSK" --temperature 1.0 --seed 1
@@ -124,6 +134,7 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
 SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
   --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
+DISTILL_ARGS=("${SSP_ARGS[@]}" --distill sampled --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")
 
 ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
   local rung=$1 prefix=$2 rl_stage=$3 ev_stage=$4 milestones=$5; shift 5
@@ -145,16 +156,21 @@ ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
       evaluate "$CKPT" "$RUN/eval_step$M" "${HELDOUT[@]}"
       stamp "$ev_stage$M" $(( $(date +%s) - t )) "$SEED"
     done
+    if [ "$rung" != "5/8 rung 1" ]; then   # the dev split (training distribution) at the last milestone: settings
+      evaluate "$CKPT" "$RUN/dev_step$M" --data "$OUT/qa_dev.jsonl"   # are chosen from it, never from held-out sets
+    fi
   done
 }
-if has_rung 1; then ladder "5/7 rung 1" qa_seed rl_qa eval_qa_step "$QA_STEPS" "${QA_ARGS[@]}"; fi
-if has_rung 2; then ladder "6/7 rung 2" seed rl eval_step "$STEPS" "${SSP_ARGS[@]}"; fi
+if has_rung 1; then ladder "5/8 rung 1" qa_seed rl_qa eval_qa_step "$QA_STEPS" "${QA_ARGS[@]}"; fi
+if has_rung 3; then ladder "7/8 rung 3" distill_seed rl_distill eval_distill_step "$DISTILL_STEPS" "${DISTILL_ARGS[@]}"; fi
+if has_rung 2; then ladder "6/8 rung 2" seed rl eval_step "$STEPS" "${SSP_ARGS[@]}"; fi
 
-echo "== [7/7] plot and tables"
+echo "== [8/8] plot and tables"
 BENCH_OUT=${BENCH_RESULTS_DIR:-bench}   # where RESULTS.md, results.json and the plot go (bench/report.py reads it too)
 PNG=$BENCH_OUT/learning_proof.png; [ "$NAME" = learning ] || PNG="$BENCH_OUT/${NAME}.png"
 REPORT=(--out "$OUT" --seeds $SEEDS --name "$NAME" --png "$PNG")
 has_rung 0 && REPORT+=(--passk "$PASSK")
 has_rung 1 && REPORT+=(--qa_steps $QA_STEPS)
 has_rung 2 && REPORT+=(--steps $STEPS)
+has_rung 3 && REPORT+=(--distill_steps $DISTILL_STEPS)
 $PY bench/learning_proof.py "${REPORT[@]}"
