@@ -92,7 +92,21 @@ RUNGS = {
             [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
              ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
              ("valid Q answer = proposer's Doc 1 title", _doc1_title_share)]),
+    "distill": ("distill_seed",
+                [("valid-question rate", _mean_of("game/valid_rate")),
+                 ("solver accuracy on fresh proposer questions (curriculum)", _fresh_acc),
+                 ("distill/kl: teacher-student reverse KL, solver tokens", _mean_of("distill/kl"))],
+                [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
+                 ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
+                 ("valid Q answer = proposer's Doc 1 title", _doc1_title_share), ("distill/kl", _mean_of("distill/kl")),
+                 ("distill/coverage", _mean_of("distill/coverage")), ("teacher s/step", _mean_of("timing_s/teacher"))]),
 }
+# per rung: (its number, timings.tsv RL stage, timings.tsv eval stage prefix, what it trains)
+RUNG_META = {"qa": (1, "rl_qa", "eval_qa_step", "solver-only RL on fixed QA rows from the corpus (self-play off)"),
+             "ssp": (2, "rl", "eval_step", "SSP self-play, both roles trained"),
+             "distill": (3, "rl_distill", "eval_distill_step",
+                         "SSP self-play with self-distillation of the solver (the proposer's search path as the "
+                         "teacher's privileged context, --distill sampled)")}
 TRAILING = 5  # trailing mean over 5 steps on the curves: one step holds only a few games
 
 
@@ -207,6 +221,9 @@ def recipe_line(cfg_file: Path, rung: str) -> str:
     what = (f"{sp['prompts_per_step']} fixed QA questions x {sp['solver_n']} solver samples per step" if rung == "qa"
             else f"{sp['prompts_per_step']} proposer prompts x {sp['proposer_n']} and {sp['solver_n']} solver samples "
                  f"per question per step, proposer reward {sp['proposer_reward']}, format penalty {sp['format_penalty']}")
+    if al.get("distill", "off") != "off":
+        what += (f", distillation {al['distill']} beta {al['distill_coef']:g} ({al['distill_schedule']}), teacher "
+                 f"{al['distill_teacher']}, privileged block <= {al['distill_context_tokens']} tokens")
     return (f"{c['model']['dtype']}, lr {o['lr']:g}, top {c['model']['train_top_layers']} layers trained, {what}, "
             f"{al.get('ppo_epochs', 1)} epoch(s) x {al.get('ppo_mini_batches', 1)} mini-batch(es) per step")
 
@@ -231,8 +248,7 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
     (sq0, sh0), sqs = searches(sft, hop), [searches(r, hop) for r in finals]
     sq = statistics.mean(x for x, _ in sqs)
     shared = t.get(("sft", "-"), 0.0) + t.get(("eval_sft", "-"), 0.0)
-    stage = "rl_qa" if rung == "qa" else "rl"  # timings.tsv stages: rl_qa + eval_qa_step<M>, rl + eval_step<M>
-    ev = "eval_qa_step" if rung == "qa" else "eval_step"
+    number, stage, ev, what = RUNG_META[rung]  # timings.tsv stages: <stage> and <ev><M> per seed
     per_seed = {s: (t.get((stage, s), 0.0) + sum(t.get((f"{ev}{m}", s), 0.0) for m in steps)) / 60 for s in seeds}
     minutes = statistics.mean(shared / 60 + m for m in per_seed.values())
 
@@ -258,10 +274,8 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
                          for m, g in rgains.items())
     reading = [k for k in sources if k in READING_SOURCES]
     n_read = sum(sft["per_source"][k]["n"] for k in reading)
-    what = ("solver-only RL on fixed QA rows from the corpus (self-play off)" if rung == "qa"
-            else "SSP self-play, both roles trained")
     rises = None if math.isnan(sq0) or math.isnan(sq) else sq > sq0
-    md = (f"Rung {'1' if rung == 'qa' else '2'}: {what}; {recipe_line(out / f'{prefix}{seeds[0]}' / 'config.json', rung)}. "
+    md = (f"Rung {number}: {what}; {recipe_line(out / f'{prefix}{seeds[0]}' / 'config.json', rung)}. "
           f"From the shared SFT start ({shared / 60:.1f} min with its eval), a greedy held-out eval at steps "
           f"{', '.join(map(str, steps))}, same protocol as the SFT eval. Primary metric: the reading score, EM pooled "
           f"(n-weighted) over the sets that need the documents read ({', '.join(reading) or 'none in this eval'}; "
@@ -327,6 +341,121 @@ def baseline_section(sft: dict, rises: list[tuple[str, float, float]]) -> tuple[
           f"- target (c): two-hop searches per question rise from SFT in at least one RL rung ("
           + ("; ".join(f"{r}: {_f(a, '.2f')} -> {_f(b, '.2f')}" for r, a, b in rises) or "no RL rung reported")
           + f"): **{verdict(any(c_ok) if c_ok else None)}**.\n")
+    return keys, md
+
+
+OOD_SOURCES = ("capitals", "fanoutqa", "fanoutqa_single")  # held-out sets nothing in training is built like
+
+
+def rl_seconds(metrics: list[dict], upto: int) -> float:
+    """Training wall time up to step `upto`: the sum of timing_s/step (start-up, checkpoints and evals excluded,
+    the same for every rung)."""
+    return sum(r.get("timing_s/step", 0.0) for r in metrics if r["step"] <= upto)
+
+
+def equal_wall_milestone(ssp: dict, ssp_steps: list[int], wall3: float) -> tuple[int, float, int]:
+    """-> (the rung-2 milestone whose median training wall time over seeds is nearest rung 3's, that wall time,
+    the rung-2 step count that would equal rung 3's wall time at rung 2's median seconds per step)."""
+    walls = {m: statistics.median(rl_seconds(r["metrics"], m) for r in ssp.values()) for m in ssp_steps}
+    m = min(ssp_steps, key=lambda k: abs(walls[k] - wall3))
+    per_step = statistics.median(rl_seconds(r["metrics"], ssp_steps[0]) / ssp_steps[0] for r in ssp.values())
+    return m, walls[m], max(1, round(wall3 / per_step)) if per_step else ssp_steps[-1]
+
+
+def question_em(examples: Path, sources: tuple) -> dict[str, float]:
+    """{question id: EM} over the given data sources, from eval.py's examples.jsonl."""
+    if not examples.exists():
+        sys.exit(f"learning_proof.py: {examples} is missing (eval.py writes it beside results.json); re-run that eval")
+    rows = (json.loads(x) for x in examples.read_text().splitlines() if x.strip())
+    return {r["id"]: float(r["em"]) for r in rows if r["data_source"] in sources}
+
+
+def paired_bootstrap(a: list[dict[str, float]], b: list[dict[str, float]], n_boot: int = 10000,
+                     seed: int = 0) -> tuple[float, float, float]:
+    """Paired bootstrap over questions of mean(a) - mean(b), in points: a and b hold one {id: EM} per seed, each
+    question's EM averaged over seeds first, questions resampled with replacement. -> (mean, 2.5%, 97.5%)."""
+    import numpy as np
+    ids = sorted(set.intersection(*(set(x) for x in a + b)))
+    if not ids:
+        raise ValueError("paired_bootstrap: the two rungs share no question ids")
+    d = np.array([statistics.mean(x[i] for x in a) - statistics.mean(x[i] for x in b) for i in ids]) * 100
+    means = d[np.random.default_rng(seed).integers(0, len(d), (n_boot, len(d)))].mean(axis=1)
+    return float(d.mean()), float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tuple[dict, str]:
+    """Rung 3 against rung 2 at equal training wall time. rungs: {rung: (runs, steps)} of those reported, with
+    "distill" and "ssp" present."""
+    (d_runs, d_steps), (s_runs, s_steps) = rungs["distill"], rungs["ssp"]
+    last3 = d_steps[-1]
+    walls3 = {s: rl_seconds(r["metrics"], last3) for s, r in d_runs.items()}
+    wall3 = statistics.median(walls3.values())
+    m2, wall2, n_equal = equal_wall_milestone(s_runs, s_steps, wall3)
+    fin3 = [d_runs[s]["evals"][last3] for s in seeds]
+    fin2 = [s_runs[s]["evals"][m2] for s in seeds]
+    read0, ood0 = pooled(sft), pooled(sft, sources=OOD_SOURCES)
+    g3 = [pooled(r) - read0 for r in fin3]
+    g2 = [pooled(r) - read0 for r in fin2]
+    o3 = [pooled(r, sources=OOD_SOURCES) - ood0 for r in fin3]
+    sd = (lambda xs: statistics.stdev(xs) if len(xs) > 1 else NAN)
+    over = statistics.mean(g3) - statistics.mean(g2)
+    pooled_std = math.sqrt((sd(g3) ** 2 + sd(g2) ** 2) / 2) if len(seeds) > 1 else NAN
+    ex3 = [question_em(out / f"distill_seed{s}" / f"eval_step{last3}" / "examples.jsonl", READING_SOURCES) for s in seeds]
+    ex2 = [question_em(out / f"seed{s}" / f"eval_step{m2}" / "examples.jsonl", READING_SOURCES) for s in seeds]
+    boot, lo, hi = paired_bootstrap(ex3, ex2)
+    ood_gain, ood_std = statistics.mean(o3), sd(o3)
+    # the rungs side by side: per held-out source EM beside its title baseline, then the game and search columns
+    cols = [("SFT", [sft])] + [(f"rung 1 (step {st[-1]})", [r["evals"][st[-1]] for r in ru.values()])
+                               for k, (ru, st) in rungs.items() if k == "qa"]
+    cols += [(f"rung 2 (step {m2})", fin2), (f"rung 3 (step {last3})", fin3)]
+
+    def cell(results: list[dict], key: str, sources) -> str:
+        return _f(statistics.mean(pooled(r, key, sources) for r in results))
+
+    rows = []
+    for label, srcs in ([(src, (src,)) for src in sft["per_source"]]
+                        + [("**reading (pooled)**", READING_SOURCES), ("**capitals + FanOutQA (pooled)**", OOD_SOURCES),
+                           ("**overall**", None)]):
+        rows.append([label] + [f"{cell(res, 'em', srcs)} / {cell(res, 'title_baseline_em', srcs)}" for _, res in cols])
+    rows.append(["copy@1 %, reading sets"] + [cell(res, "title_copy_at.1", READING_SOURCES) for _, res in cols])
+    hop = twohop_set(sft)
+    rows.append([f"searches/q, {hop}"] + [_f(statistics.mean(searches(r, hop)[0] for r in res), ".2f") for _, res in cols])
+    game = {"ssp": (s_runs, m2), "distill": (d_runs, last3)}
+    for label, fn in (("valid-question rate (training)", _mean_of("game/valid_rate")),
+                      ("fresh-question solver acc (training)", _fresh_acc), ("distill/kl (training)", _mean_of("distill/kl"))):
+        vals = ["-"] * (len(cols) - 2)
+        for k in ("ssp", "distill"):
+            ru, m = game[k]
+            v = [fn([q for q in r["metrics"] if q["step"] <= m]) for r in ru.values()]
+            v = [x for x in v if not math.isnan(x)]
+            vals.append(_f(statistics.mean(v), ".3f") if v else "-")
+        rows.append([label] + vals)
+    rows.append(["training minutes (median over seeds)"] + ["-"] * (len(cols) - 2) + [f"{wall2 / 60:.1f}", f"{wall3 / 60:.1f}"])
+    table = md_table(["held-out set: EM % / title baseline %"] + [c for c, _ in cols], rows)
+    a_ok = None if math.isnan(pooled_std) else over > 2 * pooled_std
+    ood_ok = None if math.isnan(ood_std) else ood_gain > 2 * ood_std
+    md = (f"Rung 3 against rung 2 at equal training wall time (the sum of timing_s/step; the teacher forward makes a "
+          f"rung-3 step dearer, so rung 2 is read at the milestone whose median training time over seeds is nearest "
+          f"rung 3's). Rung 3: {wall3 / 60:.1f} min to step {last3} (median over seeds; "
+          f"{', '.join(f'seed {s} {w / 60:.1f}' for s, w in walls3.items())}); rung 2 at step {m2}: {wall2 / 60:.1f} min"
+          f" (equal wall time would be step {n_equal} at rung 2's median seconds per step"
+          f"{'' if n_equal == m2 else '; that milestone was not run: re-run rung 2 with STEPS ending in it'}). "
+          f"Means over seeds {', '.join(seeds)}; each cell is EM % / that model's own title baseline %.\n\n{table}\n\n"
+          f"- reading gain from SFT: rung 3 {_f(statistics.mean(g3), '+.2f')} (seed std {_f(sd(g3), '.2f')}), rung 2 at "
+          f"step {m2} {_f(statistics.mean(g2), '+.2f')} (seed std {_f(sd(g2), '.2f')}).\n"
+          f"- **gain_over_ssp = {_f(over, '+.2f')} points** on the reading score; pooled seed std {_f(pooled_std, '.2f')}: "
+          f"target gain over rung 2 > 2 x pooled std **{verdict(a_ok)}**.\n"
+          f"- paired bootstrap over the {len(ex3[0])} reading-score questions (EM averaged over seeds per question, "
+          f"10,000 resamples): {boot:+.2f} points, 95% interval [{lo:+.2f}, {hi:+.2f}].\n"
+          f"- **ood_gain = {_f(ood_gain, '+.2f')} points** (rung 3 against SFT on capitals and FanOutQA single- and "
+          f"multi-hop pooled; seeds {', '.join(_f(x, '+.1f') for x in o3)}), seed std {_f(ood_std, '.2f')}: target "
+          f"gain > 2 x std **{verdict(ood_ok)}**.\n")
+    keys = {"learning_distill.gain_over_ssp": _num(over, 3),
+            "learning_distill.gain_over_ssp_ci95": [round(lo, 3), round(hi, 3)],
+            "learning_distill.gain_over_ssp_pooled_std": _num(pooled_std, 3),
+            "learning_distill.ssp_equal_wall_step": m2, "learning_distill.ssp_equal_wall_step_needed": n_equal,
+            "learning_distill.wall_minutes": {"distill": round(wall3 / 60, 2), "ssp": round(wall2 / 60, 2)},
+            "learning_distill.ood_gain": _num(ood_gain, 3), "learning_distill.ood_seed_std": _num(ood_std, 3)}
     return keys, md
 
 
@@ -414,13 +543,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", nargs="+", required=True)
     ap.add_argument("--steps", type=int, nargs="*", default=[], help="rung 2 (SSP) milestones evaluated, e.g. 12 40")
     ap.add_argument("--qa_steps", type=int, nargs="*", default=[], help="rung 1 (QA-only RL) milestones evaluated")
+    ap.add_argument("--distill_steps", type=int, nargs="*", default=[],
+                    help="rung 3 (SSP with self-distillation) milestones evaluated; with --steps, the equal-wall-time "
+                         "comparison (section learning_distill_vs_ssp)")
     ap.add_argument("--passk", type=int, default=0, help="rung 0: the K of the SFT headroom evals (0 = no rung 0)")
     ap.add_argument("--png", type=Path, default=BENCH_DIR / "learning_proof.png")
     ap.add_argument("--name", default="learning",
                     help="rung 2's RESULTS.md section and results.json key prefix (another recipe: e.g. learning_lr1e-4)")
     a = ap.parse_args(argv)
-    if not (a.steps or a.qa_steps or a.passk):
-        ap.error("nothing to report: give --steps (rung 2), --qa_steps (rung 1) and/or --passk (rung 0)")
+    if not (a.steps or a.qa_steps or a.distill_steps or a.passk):
+        ap.error("nothing to report: give --steps (rung 2), --qa_steps (rung 1), --distill_steps (rung 3) and/or "
+                 "--passk (rung 0)")
 
     printed = []
     if a.passk:
@@ -428,11 +561,12 @@ def main(argv: list[str] | None = None) -> int:
         write_results("learning_headroom", keys, md)
         printed.append(md)
     sft = _json(a.out / "eval_sft" / "results.json", "run scripts/learning_proof_cpu.sh first") \
-        if (a.steps or a.qa_steps) else None
+        if (a.steps or a.qa_steps or a.distill_steps) else None
     t = read_timings(a.out / "timings.tsv")
-    panels, rises = [], []
+    panels, rises, reported = [], [], {}
     for rung, steps, name, title in (("qa", a.qa_steps, "learning_qa", "rung 1, QA-only RL"),
-                                     ("ssp", a.steps, a.name, "rung 2, SSP")):
+                                     ("ssp", a.steps, a.name, "rung 2, SSP"),
+                                     ("distill", a.distill_steps, "learning_distill", "rung 3, SSP + self-distillation")):
         if not steps:
             continue
         steps = sorted(steps)
@@ -441,9 +575,14 @@ def main(argv: list[str] | None = None) -> int:
         write_results(name, keys, md)
         printed.append(md)
         panels.append((rung, title, runs, steps, sft))
+        reported[rung] = (runs, steps)
         hop = twohop_set(sft)
         rises.append((title, searches(sft, hop)[0], statistics.mean(searches(r["evals"][steps[-1]], hop)[0]
                                                                     for r in runs.values())))
+    if "distill" in reported and "ssp" in reported:
+        keys, md = distill_section(a.out, a.seeds, sft, reported)
+        write_results("learning_distill_vs_ssp", keys, md)
+        printed.append(md)
     if panels:
         keys, md = baseline_section(sft, rises)
         write_results("learning_baseline", keys, md)

@@ -21,7 +21,7 @@
 #      learning_headroom, learning_qa, learning and learning_distill of bench/RESULTS.md, their keys in
 #      bench/results.json
 #
-#   bash scripts/learning_proof_cpu.sh                       # rungs 0-2, 3 seeds (the measured run)
+#   bash scripts/learning_proof_cpu.sh                       # rungs 0-3, 3 seeds (the measured run)
 #   RUNGS=3 bash scripts/learning_proof_cpu.sh && RUNGS="2 3" STEPS="10 13" bash scripts/learning_proof_cpu.sh
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #
@@ -43,7 +43,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
-RUNGS=${RUNGS:-"0 1 2"}
+RUNGS=${RUNGS:-"0 1 2 3"}
 SEEDS=${SEEDS:-"1 2 3"}
 QA_STEPS=${QA_STEPS:-"10"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores; the measured run)
 STEPS=${STEPS:-"10"}           # rung 2 milestones (~75 s a step: about rung 1's wall time)

@@ -26,6 +26,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     out, bench = tmp_path / "lp", tmp_path / "bench"
     bench.mkdir()
     env = {**os.environ, "OUT": str(out), "BENCH_RESULTS_DIR": str(bench), "SEEDS": "1", "QA_STEPS": "1", "STEPS": "1",
+           "RUNGS": "0 1 2 3", "DISTILL_STEPS": "1",
            "SFT_DEMOS": "8", "SFT_BATCH": "8", "QA_PROMPTS": "2", "PROMPTS": "2", "SOLVER_N": "2", "PASSK": "2",
            "PASSK_LIMIT": "1", "DEV_ROWS": "4", "EVAL_LIMIT": "2",
            "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
@@ -45,6 +46,12 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     ssp_cfg = json.loads((out / "seed1" / "config.json").read_text())
     assert qa_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"] == str(out / "sft" / "hf")
     assert qa_cfg["selfplay"]["self_play_enable"] is False and ssp_cfg["selfplay"]["self_play_enable"] is True
+    distill_cfg = json.loads((out / "distill_seed1" / "config.json").read_text())
+    assert distill_cfg["algorithm"]["distill"] == "sampled" and ssp_cfg["algorithm"]["distill"] == "off"
+    assert distill_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"]
+    # rungs 2 and 3 are also scored on the dev split at their last milestone (where settings are chosen)
+    assert (out / "seed1" / "dev_step1" / "results.json").exists()
+    assert (out / "distill_seed1" / "dev_step1" / "results.json").exists()
     qa_steps = [json.loads(x) for x in (out / "qa_seed1" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("train/solver_tokens", 0) > 0 and m.get("train/proposer_tokens", 1) == 0 for m in qa_steps)
 
@@ -52,17 +59,21 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     keys = json.loads((bench / "results.json").read_text())
     for k in ("learning.sft_passk_gap", "learning.sft_passk_gap_heldout", "learning_qa.solver_acc_gain",
               "learning_qa.seed_std", "learning.solver_acc_gain", "learning_qa.reading_gain", "learning_qa.reading_seed_std",
-              "learning.reading_gain", "learning_qa.searches_per_question", "learning_baseline.title_em"):
+              "learning.reading_gain", "learning_qa.searches_per_question", "learning_baseline.title_em",
+              "learning_distill.reading_gain", "learning_distill.reading_seed_std", "learning_distill.gain_over_ssp",
+              "learning_distill.gain_over_ssp_ci95", "learning_distill.ood_gain", "learning_distill.ood_seed_std"):
         assert k in keys, k
     md = (bench / "RESULTS.md").read_text()
-    assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning", "learning_baseline"))
+    assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning", "learning_baseline",
+                                          "learning_distill", "learning_distill_vs_ssp"))
     # the held-out protocol holds the reading and two-hop sets, measured against the title heuristic
     sft = json.loads((out / "eval_sft" / "results.json").read_text())
     assert {"reading_heldout", "twohop_heldout"} <= set(sft["per_source"])
     assert "title_baseline_em" in sft["overall"] and "searches_hist" in sft["per_source"]["twohop_heldout"]
     assert (bench / "learning_proof.png").stat().st_size > 10_000
     stages = {line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()}
-    assert {"sft", "eval_sft", "headroom", "rl_qa", "eval_qa_step1", "rl", "eval_step1"} <= stages
+    assert {"sft", "eval_sft", "headroom", "rl_qa", "eval_qa_step1", "rl", "eval_step1", "rl_distill",
+            "eval_distill_step1"} <= stages
 
     # a second call finds everything done and only re-reports
     again = subprocess.run(["bash", str(PROOF)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -219,3 +219,63 @@ def test_headroom_is_passk_minus_greedy_on_each_split(tmp_path, results):
 def test_nothing_asked_is_refused(tmp_path):
     with pytest.raises(SystemExit):
         learning_proof.main(["--out", str(tmp_path), "--seeds", "1"])
+
+
+def _timed_metrics(run, steps, secs):
+    """Training-step lines with timing_s/step = secs and a distill/kl column."""
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "game/valid_rate": 0.5, "timing_s/step": secs,
+                                                           "distill/kl": 0.1, "solver/fresh_trajs": 2.0,
+                                                           "solver/fresh_correct": 1.0}) + "\n"
+                                               for s in range(1, steps + 1)))
+
+
+def _examples(path, n_correct, n=20):
+    """eval.py's examples.jsonl over the reading sets of _run_folder (capitals 5, twohop_heldout 15): the first
+    n_correct questions right; one wiki_desc_heldout row, not a reading question, always right."""
+    rows = [{"id": f"q{i}", "data_source": "capitals" if i < 5 else "twohop_heldout", "em": float(i < n_correct)}
+            for i in range(n)] + [{"id": "w0", "data_source": "wiki_desc_heldout", "em": 1.0}]
+    path.joinpath("examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_rung3_against_rung2_at_equal_wall_time_with_a_paired_bootstrap(tmp_path, results):
+    """Rung 3 steps cost 20 s, rung 2's 10 s: rung 3's 4 steps (80 s) meet rung 2's step-4 milestone (40 s) as the
+    nearest run, and equal wall time would need step 8 (said so). Rung 3 answers 2 more of the 20 reading
+    questions than rung 2 on every seed: +10 points; the bootstrap's distribution is 5 x Binomial(20, 0.1) points,
+    so its 2.5% and 97.5% points are 0 and 25 exactly (P(B = 0) = 0.12, P(B <= 4) = 0.957, P(B <= 5) = 0.989)."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})
+    _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, prefix="distill_seed", rl="rl_distill", ev="eval_distill_step")
+    for s in ("1", "2", "3"):
+        _timed_metrics(out / f"seed{s}", 4, 10.0)
+        _timed_metrics(out / f"distill_seed{s}", 4, 20.0)
+        _examples(out / f"seed{s}" / "eval_step4", 6)
+        _examples(out / f"distill_seed{s}" / "eval_step4", 8)
+    png = tmp_path / "three.png"
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4",
+                                "--distill_steps", "2", "4", "--png", str(png)]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    g3, g2 = [40 - 12.5, 38 - 12.5, 42 - 12.5], [30 - 12.5, 26 - 12.5, 28 - 12.5]
+    assert keys["learning_distill.reading_gain"] == pytest.approx(statistics.mean(g3), abs=1e-3)
+    assert keys["learning_distill.reading_seed_std"] == pytest.approx(statistics.stdev(g3), abs=1e-3)
+    assert keys["learning_distill.gain_over_ssp"] == pytest.approx(statistics.mean(g3) - statistics.mean(g2), abs=1e-3)
+    assert keys["learning_distill.gain_over_ssp_pooled_std"] == pytest.approx(
+        ((statistics.variance(g3) + statistics.variance(g2)) / 2) ** 0.5, abs=1e-3)
+    assert keys["learning_distill.gain_over_ssp_ci95"] == [0.0, 25.0]
+    assert keys["learning_distill.ssp_equal_wall_step"] == 4 and keys["learning_distill.ssp_equal_wall_step_needed"] == 8
+    assert keys["learning_distill.wall_minutes"] == {"distill": round(80 / 60, 2), "ssp": round(40 / 60, 2)}
+    # capitals (SFT 20%) is the only out-of-distribution set here
+    o3 = [40 - 20, 38 - 20, 42 - 20]
+    assert keys["learning_distill.ood_gain"] == pytest.approx(statistics.mean(o3), abs=1e-3)
+    assert keys["learning_distill.ood_seed_std"] == pytest.approx(statistics.stdev(o3), abs=1e-3)
+    md = (results / "RESULTS.md").read_text()
+    assert "## learning_distill_vs_ssp" in md and "Rung 3" in md and "would be step 8" in md
+    assert "paired bootstrap over the 20 reading-score questions" in md and "[+0.00, +25.00]" in md
+    assert "target gain over rung 2 > 2 x pooled std **met**" in md
+    assert png.stat().st_size > 10_000
+
+
+def test_paired_bootstrap_of_identical_rungs_is_zero_and_ids_must_match():
+    a = [{"q1": 1.0, "q2": 0.0}] * 3
+    assert learning_proof.paired_bootstrap(a, a) == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="share no question"):
+        learning_proof.paired_bootstrap([{"q1": 1.0}], [{"q2": 1.0}])
