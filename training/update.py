@@ -60,18 +60,23 @@ def pack_equal(trajs, micro_token_budget: int, per_token: dict | None = None):
 
 
 def accumulate(engine, micro_batches: Sequence, loss_fn: Callable, *, temperature: float = 1.0,
-               compute_entropy: bool = False) -> list[dict]:
+               compute_entropy: bool = False, forward: Callable | None = None) -> list[dict]:
     """Forward and backward every micro-batch into one accumulated gradient; no optimizer step.
 
     loss_fn(mb, logprobs, entropy) -> (loss, metrics), the loss being `mb`'s share of the global
     loss of the whole step (across micro-batches and ranks). Collective: every rank must pass the
-    same number of micro-batches (pack_equal)."""
+    same number of micro-batches (pack_equal). `forward(engine, mb)` replaces the log-prob forward
+    (the critic's values, training/critic.engine_values; it must run through engine(...) too) and
+    its output reaches loss_fn as `logprobs`, with entropy None."""
     scale = dp_world_size(engine)
     metrics = []
     for k, mb in enumerate(micro_batches):
         engine.set_gradient_accumulation_boundary(k == len(micro_batches) - 1)
         mb = mb.to(engine.device)  # loss_fn reads its advantages and old log-probs beside the log-probs
-        lp, ent = engine_logprobs(engine, mb, temperature, compute_entropy)
+        if forward is None:
+            lp, ent = engine_logprobs(engine, mb, temperature, compute_entropy)
+        else:
+            lp, ent = forward(engine, mb), None
         loss, m = loss_fn(mb, lp, ent)
         engine.backward(loss * scale)
         metrics.append(m)

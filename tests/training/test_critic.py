@@ -1,0 +1,146 @@
+"""The critic's pure functions against independent references: GAE over sampled tokens only (a plain
+per-trajectory Python loop over the compressed list of sampled positions), token-level rewards and the
+clipped value loss against their formulas, explained variance against numpy."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from training.advantages import gae
+from training.critic import explained_variance, token_rewards, value_loss
+
+
+def _random_batch(seed: int, n: int = 5, t: int = 40):
+    """Trajectories with a prompt, sampled turns and retrieved spans in between (mask 0), right-padded."""
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(n, t)
+    lens = []
+    for i in range(n):
+        length = int(torch.randint(12, t + 1, (1,), generator=g))
+        lens.append(length)
+        pos = int(torch.randint(2, 6, (1,), generator=g))           # prompt
+        while pos < length:
+            turn = int(torch.randint(1, 8, (1,), generator=g))
+            mask[i, pos:min(pos + turn, length)] = 1
+            pos += turn + int(torch.randint(0, 7, (1,), generator=g))   # a retrieved span (maybe empty)
+    values = torch.randn(n, t, generator=g)
+    rewards = torch.randn(n, generator=g)
+    kl = 0.1 * torch.randn(n, t, generator=g)
+    return mask, values, rewards, kl, lens
+
+
+def _loop_gae(rew, val, mask, gamma, lam):
+    """One trajectory, plain Python over its sampled positions only: retrieved text is not a time step."""
+    pos = [k for k in range(len(mask)) if mask[k] > 0]
+    adv = [0.0] * len(mask)
+    last = 0.0
+    for j in reversed(range(len(pos))):
+        nxt = float(val[pos[j + 1]]) if j + 1 < len(pos) else 0.0
+        delta = float(rew[pos[j]]) + gamma * nxt - float(val[pos[j]])
+        last = delta + gamma * lam * last
+        adv[pos[j]] = last
+    ret = [adv[k] + float(val[k]) if mask[k] > 0 else 0.0 for k in range(len(mask))]
+    return adv, ret
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.99, 0.95), (0.9, 0.5)])
+def test_gae_skips_retrieved_spans_like_a_plain_loop_over_sampled_tokens(seed, gamma, lam):
+    mask, values, rewards, kl, _ = _random_batch(seed)
+    kl_coef = 0.05 if seed % 2 else 0.0
+    tok = torch.stack([token_rewards(float(r), m, k, kl_coef) for r, m, k in zip(rewards, mask, kl)])
+    out = gae(token_rewards=tok, values=values, loss_mask=mask, gamma=gamma, lam=lam, whiten=False,
+              all_reduce=lambda x: None)
+    for i in range(mask.shape[0]):
+        # token rewards by hand: -kl_coef * kl on sampled tokens, the outcome added on the last one
+        m = mask[i]
+        last = max(k for k in range(len(m)) if m[k] > 0)
+        want_r = [(-kl_coef * float(kl[i, k]) if m[k] > 0 else 0.0) + (float(rewards[i]) if k == last else 0.0)
+                  for k in range(len(m))]
+        assert tok[i].tolist() == pytest.approx(want_r, abs=1e-6)
+        adv, ret = _loop_gae(want_r, values[i], m, gamma, lam)
+        assert out.advantages[i].tolist() == pytest.approx(adv, abs=1e-4)
+        assert out.returns[i].tolist() == pytest.approx(ret, abs=1e-4)
+    # the values of retrieved tokens never enter: scrambling them changes nothing
+    noisy = torch.where(mask > 0, values, torch.randn_like(values) * 100)
+    out2 = gae(token_rewards=tok, values=noisy, loss_mask=mask, gamma=gamma, lam=lam, whiten=False,
+               all_reduce=lambda x: None)
+    assert torch.allclose(out2.advantages, out.advantages) and torch.allclose(out2.returns, out.returns)
+
+
+def test_gae_whitening_is_the_masked_token_mean_and_unbiased_std():
+    mask, values, rewards, _, _ = _random_batch(7)
+    tok = torch.stack([token_rewards(float(r), m) for r, m in zip(rewards, mask)])
+    raw = gae(token_rewards=tok, values=values, loss_mask=mask, whiten=False, all_reduce=lambda x: None)
+    w = gae(token_rewards=tok, values=values, loss_mask=mask, whiten=True, all_reduce=lambda x: None)
+    a = raw.advantages[mask > 0].double().numpy()
+    want = (a - a.mean()) / (a.std(ddof=1) + 1e-6)
+    assert w.advantages[mask > 0].double().numpy() == pytest.approx(want, abs=1e-5)
+    assert (w.advantages[mask == 0] == 0).all()
+    assert torch.equal(w.returns, raw.returns)                 # the critic's targets are not whitened
+
+
+def test_token_rewards_outcome_on_the_last_sampled_token_only():
+    m = torch.tensor([0, 0, 1, 1, 0, 0, 1, 0, 0])
+    r = token_rewards(2.5, m)
+    assert r.tolist() == [0, 0, 0, 0, 0, 0, 2.5, 0, 0]
+    assert token_rewards(1.0, torch.zeros(4)).tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.2])
+def test_value_loss_against_its_formula(clip):
+    g = torch.Generator().manual_seed(5)
+    t = 30
+    v = torch.randn(t, generator=g, requires_grad=True)
+    old = v.detach() + 0.4 * torch.randn(t, generator=g)
+    ret = torch.randn(t, generator=g)
+    mask = (torch.rand(t, generator=g) > 0.3).long()
+    mask[0] = 1
+    normaliser = 50.0
+    loss, met = value_loss(v, old, ret, mask, normaliser=normaliser, clip=clip)
+    total, clipped, n = 0.0, 0, 0
+    for k in range(t):
+        if not mask[k]:
+            continue
+        vk, ok, rk = float(v.detach()[k]), float(old[k]), float(ret[k])
+        l1 = (vk - rk) ** 2
+        vc = min(max(vk, ok - clip), ok + clip) if clip > 0 else vk
+        l2 = (vc - rk) ** 2
+        total += max(l1, l2)
+        clipped += l2 > l1
+        n += 1
+    assert float(loss) == pytest.approx(0.5 * total / normaliser, rel=1e-5)
+    assert float(met["critic/vf_clipfrac"]) == pytest.approx(clipped / n)
+    if clip > 0:
+        assert 0 < clipped < n                                    # the clip acts on some tokens, not all
+    # masked tokens carry no gradient, even non-finite values there
+    v2 = torch.where(mask.bool(), v, torch.full_like(v, float("nan")))
+    loss2, _ = value_loss(v2, old, ret, mask, normaliser=normaliser, clip=clip)
+    loss2.backward()
+    assert torch.isfinite(v.grad).all() and (v.grad[mask == 0] == 0).all()
+    assert float(loss2) == pytest.approx(float(loss))
+
+
+def test_value_loss_of_two_halves_sums_to_the_whole():
+    g = torch.Generator().manual_seed(9)
+    v, old, ret = (torch.randn(40, generator=g) for _ in range(3))
+    mask = torch.ones(40, dtype=torch.long)
+    whole, _ = value_loss(v, old, ret, mask, normaliser=40, clip=0.3)
+    a, _ = value_loss(v[:17], old[:17], ret[:17], mask[:17], normaliser=40, clip=0.3)
+    b, _ = value_loss(v[17:], old[17:], ret[17:], mask[17:], normaliser=40, clip=0.3)
+    assert float(a + b) == pytest.approx(float(whole), rel=1e-6)
+
+
+def test_explained_variance_against_numpy():
+    g = torch.Generator().manual_seed(3)
+    rets = [torch.randn(10, generator=g) for _ in range(3)]
+    vals = [r + 0.3 * torch.randn(10, generator=g) for r in rets]
+    masks = [torch.ones(10), (torch.arange(10) > 3).float(), torch.ones(10)]
+    r = np.concatenate([x[m > 0].numpy() for x, m in zip(rets, masks)]).astype(np.float64)
+    v = np.concatenate([x[m > 0].numpy() for x, m in zip(vals, masks)]).astype(np.float64)
+    assert explained_variance(vals, rets, masks) == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-9)
+    assert math.isnan(explained_variance([torch.zeros(5)], [torch.ones(5)], [torch.ones(5)]))

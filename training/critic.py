@@ -1,0 +1,203 @@
+"""The PPO critic: token-level rewards, the clipped value loss, the value model and its update.
+
+    values  = critic_values(critic, trajs)                 # per sampled token, packed, no grad
+    r_tok   = token_rewards(reward, mask, kl)              # outcome on the last sampled token (- KL)
+    adv, R  = advantages.gae(r_tok, values, mask)          # retrieved spans are not time steps
+    critic_update(critic, trajs, values, R)                # clipped value loss, global normaliser
+
+Pure functions first (tested against their formulas and a plain per-trajectory loop in
+tests/training/test_critic.py); the engine parts below them.
+
+The value model follows veRL's critic: `AutoModelForTokenClassification` with one label over the
+actor's start (or --critic_model_path), dropout off. Its `score` head is an nn.Linear(hidden, 1)
+with a bias, initialised as transformers initialises a new head (weight ~ N(0,
+initializer_range), bias 0), which is what veRL and OpenRLHF get from the same class. Values are
+aligned like log-probs: v[i] is the head on hidden state i-1, the state in which token i was
+sampled (veRL's `values[:, -response_length - 1:-1]`); the first token of a sequence gets 0.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from utils import dist as D
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+def token_rewards(reward: float, loss_mask: torch.Tensor, kl: torch.Tensor | None = None,
+                  kl_coef: float = 0.0) -> torch.Tensor:
+    """One trajectory's per-token rewards, (T,) float32: the outcome `reward` on the last sampled token
+    (loss_mask 1), minus kl_coef * kl on every sampled token when `kl` is given (the KL-in-reward
+    form of DeepSpeed-Chat and Search-R1: kl = log pi_old - log pi_ref, their k1 estimate).
+    A trajectory with no sampled token gets all zeros."""
+    mask = torch.as_tensor(loss_mask).float()
+    out = torch.zeros_like(mask)
+    if kl is not None and kl_coef:
+        out = out - kl_coef * torch.where(mask > 0, kl.float(), torch.zeros(()))
+    idx = torch.nonzero(mask > 0).flatten()
+    if idx.numel():
+        out[idx[-1]] += float(reward)
+    return out
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, loss_mask: torch.Tensor, *,
+               normaliser: float, clip: float, agg: str = "token-mean",
+               cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped value loss (veRL's compute_value_loss with cliprange_value = `clip`):
+
+        v_clip = old + clamp(v - old, -clip, clip)
+        loss   = 0.5 * agg(max((v - R)^2, (v_clip - R)^2))  over sampled tokens
+
+    normalised by `normaliser`, the same global count as the policy loss (training/loss.py), so this
+    micro-batch's loss is its share of the step's loss. clip <= 0 turns the clipping off.
+    Metrics: critic/value_loss (this micro-batch's share), critic/vf_clipfrac (share of sampled tokens
+    where the clipped term is the larger), critic/values_mean, critic/num_tokens."""
+    from training.loss import AGG_MODES, _aggregate, _segments
+    if agg not in AGG_MODES:
+        raise ValueError(f"unknown agg {agg!r}; choose one of {AGG_MODES}")
+    if float(normaliser) <= 0:
+        raise ValueError(f"normaliser must be the positive global count, got {normaliser}")
+    m = loss_mask.bool()
+    for name, x in (("values", values), ("old_values", old_values), ("returns", returns)):
+        if x.shape != m.shape:
+            raise ValueError(f"{name} has shape {tuple(x.shape)}, loss_mask has {tuple(m.shape)}")
+    z = torch.zeros((), dtype=values.dtype, device=values.device)
+    v, old, ret = (torch.where(m, x, z) for x in (values, old_values.detach(), returns.detach()))
+    mf = m.to(values.dtype)
+    l1 = (v - ret).square()
+    if clip > 0:
+        v_clip = old + (v - old).clamp(-clip, clip)
+        l2 = (v_clip - ret).square()
+        per_tok = torch.maximum(l1, l2)
+    else:
+        l2, per_tok = l1, l1
+    seg = _segments(m, cu_seqlens) if agg != "token-mean" else None
+    loss = 0.5 * _aggregate(per_tok * mf, mf, agg, normaliser, seg)
+    with torch.no_grad():
+        n = mf.sum()
+        denom = n.clamp(min=1)
+        metrics = {"critic/value_loss": loss.detach(), "critic/num_tokens": n,
+                   "critic/vf_clipfrac": ((l2 > l1).to(mf.dtype) * mf).sum() / denom,
+                   "critic/values_mean": (v * mf).sum() / denom}
+    return loss, {k: x.detach().float() for k, x in metrics.items()}
+
+
+def explained_variance(values: Sequence[torch.Tensor], returns: Sequence[torch.Tensor],
+                       masks: Sequence[torch.Tensor]) -> float:
+    """1 - Var(R - V) / Var(R) over every sampled token of the global batch (all-reduced sums, float64);
+    nan when the returns do not vary. 1 = the critic predicts the returns, 0 = no better than their mean."""
+    s = torch.zeros(5, dtype=torch.float64)
+    for v, r, m in zip(values, returns, masks):
+        m = torch.as_tensor(m).bool()
+        v, r = v.double()[m], r.double()[m]
+        d = r - v
+        s += torch.stack([r.sum(), (r * r).sum(), d.sum(), (d * d).sum(), torch.tensor(float(m.sum()))])
+    D.all_reduce_tensor(s, "sum")
+    sr, srr, sd, sdd, n = s.tolist()
+    if n < 2:
+        return float("nan")
+    var_r, var_d = srr / n - (sr / n) ** 2, sdd / n - (sd / n) ** 2
+    return 1.0 - var_d / var_r if var_r > 1e-12 else float("nan")
+
+
+# ----------------------------------------------------------------------------- the value model
+
+def load_value_model(path: str, dtype: torch.dtype, attn_implementation: str):
+    """veRL's critic: AutoModelForTokenClassification(num_labels=1) from a causal LM folder, dropout off
+    (a dropout of 0.1 is transformers' default for the head and would make values random in train mode).
+    Under an alive HfDeepSpeedConfig (ZeRO-3) from_pretrained partitions while loading."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    conf = AutoConfig.from_pretrained(path)
+    conf.num_labels, conf.classifier_dropout, conf.use_cache = 1, 0.0, False
+    model = AutoModelForTokenClassification.from_pretrained(path, config=conf, dtype=dtype,
+                                                            attn_implementation=attn_implementation)
+    model.config.use_cache = False  # a KV cache disables packed-sequence handling (training/packing.py)
+    return model
+
+
+def sequence_values(model, micro_batch) -> torch.Tensor:
+    """Per-token values (T,) fp32 of a packed micro-batch, aligned to input_ids[0] like log-probs:
+    v[i] = score(hidden[i-1]); 0 at each sequence start. The backbone and the head are called as
+    modules, so ZeRO-3 hooks gather their weights (run it as the engine's forward: engine_values)."""
+    from training.packing import enable_varlen_sdpa, model_inputs
+
+    enable_varlen_sdpa(model)
+    backbone = model.base_model
+    kwargs = model_inputs(micro_batch, model.config._attn_implementation, next(backbone.parameters()).dtype)
+    hidden = backbone(**kwargs).last_hidden_state[0]                                 # (T, H)
+    raw = model.score(hidden)[:, 0].float()                                          # (T,)
+    v = torch.cat([raw.new_zeros(1), raw[:-1]])                                      # state i-1 values token i
+    starts = micro_batch.cu_seqlens[:-1].long().to(v.device)
+    return v.index_fill(0, starts, 0.0)
+
+
+def engine_values(engine, micro_batch) -> torch.Tensor:
+    """`sequence_values` run *as* DeepSpeedEngine.forward (the ZeRO-3 accumulation fact: training/update.py)."""
+    from training.logprobs import forward_swapped
+
+    model = engine.module
+    micro_batch = micro_batch.to(engine.device)
+    with forward_swapped(model, lambda: sequence_values(model, micro_batch)):
+        return engine()
+
+
+@torch.no_grad()
+def critic_values(engine, trajs, micro_token_budget: int) -> list[torch.Tensor]:
+    """Each trajectory's per-token values (T_i,) under the critic; collective (equal micro-batch counts)."""
+    from training.packing import unpack_to_sequences
+    from training.update import pack_equal
+
+    was_training = engine.module.training
+    engine.module.eval()
+    mbs, n_real = pack_equal(trajs, micro_token_budget)
+    outs = [engine_values(engine, mb).float().cpu() for mb in mbs]
+    engine.module.train(was_training)
+    return unpack_to_sequences(mbs[:n_real], outs[:n_real], len(trajs)) if trajs else []
+
+
+def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budget: int, value_clip: float,
+                  seed: int = 0) -> tuple[dict[str, float], int]:
+    """The critic's optimizer steps of one SSP step: --ppo_epochs x --ppo_mini_batches, the same split
+    of the trajectories as the actor's (training.update.split_mini_batches, same seed). Returns (this
+    rank's metrics: critic/value_loss summed over micro-batches and averaged over optimizer steps, the
+    rest token-weighted means; optimizer steps). Collective."""
+    from training.loss import count_normaliser
+    from training.update import accumulate, pack_equal, split_mini_batches
+
+    engine.train()
+    per_step, n_steps = [], 0
+    for epoch in range(algo.ppo_epochs):
+        for mini in split_mini_batches(trajs, algo.ppo_mini_batches, seed + epoch):
+            per_token = {"old_values": [old_values[i] for i in mini], "returns": [returns[i] for i in mini]}
+            mbs, _ = pack_equal([trajs[i] for i in mini], micro_token_budget, per_token)
+            local = sum(count_normaliser(mb.tensors["loss_mask"], algo.loss_agg, mb.cu_seqlens) for mb in mbs)
+            normaliser = D.all_reduce_sum([local])[0]
+            if normaliser == 0:
+                continue
+
+            def loss_fn(mb, v, _):
+                t = mb.tensors
+                return value_loss(v, t["old_values"], t["returns"], t["loss_mask"], normaliser=normaliser,
+                                  clip=value_clip, agg=algo.loss_agg, cu_seqlens=mb.cu_seqlens)
+
+            per_step.append(accumulate(engine, mbs, loss_fn, forward=engine_values))
+            engine.step()
+            n_steps += 1
+    return _reduce(per_step), n_steps
+
+
+def _reduce(per_step: list[list[dict]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    if not per_step:
+        return out
+    out["critic/value_loss"] = sum(sum(float(m["critic/value_loss"]) for m in s) for s in per_step) / len(per_step)
+    ms = [m for s in per_step for m in s]
+    n = sum(float(m["critic/num_tokens"]) for m in ms)
+    for k in ("critic/vf_clipfrac", "critic/values_mean"):
+        out[k] = sum(float(m[k]) * float(m["critic/num_tokens"]) for m in ms) / n if n else math.nan
+    return out
