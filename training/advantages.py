@@ -305,3 +305,51 @@ def gae(*, token_rewards, values, loss_mask, gamma: float = 1.0, lam: float = 0.
     if whiten:
         adv = _masked_global_whiten(adv, mask, all_reduce, eps)
     return AdvantageOutput(adv, returns)
+
+
+# ----------------------------------------------------------------------------- per role, from trajectories
+
+def role_advantages(trajs, algo, critic=None, *, state: dict | None = None, values=None, old=None, ref=None,
+                    all_reduce: AllReduce | None = None):
+    """Per-token advantages of every trajectory, each role with its own estimator (algo.*_estimator).
+    Returns (advantages, returns, new EMA state): lists aligned to `trajs`, (T_i,) float32; returns[i]
+    is the critic's target for a gae role and None for the others.
+
+    gae roles need `values` (per trajectory, from training/critic.py; None for other roles) and
+    critic = training.config.CriticArgs: the outcome reward goes on the last sampled token, minus
+    --kl_in_reward x (old - ref) on each sampled token when that is on. Both roles run on every rank,
+    because estimators may all-reduce."""
+    from training.critic import token_rewards
+
+    out: list = [None] * len(trajs)
+    rets: list = [None] * len(trajs)
+    for role in ("proposer", "solver"):
+        name = getattr(algo, f"{role}_estimator")
+        idx = [i for i, t in enumerate(trajs) if t.role == role]
+        sub = [trajs[i] for i in idx]
+        width = max([len(t.token_ids) for t in sub] + [1])
+        mask = torch.zeros(len(sub), width)
+        for j, t in enumerate(sub):
+            mask[j, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
+        extra: dict = {}
+        if name == "gae":
+            kl_coef = critic.kl_in_reward
+            tok, val = torch.zeros(len(sub), width), torch.zeros(len(sub), width)
+            for j, (i, t) in enumerate(zip(idx, sub)):
+                n = len(t.token_ids)
+                kl = (old[i] - ref[i]) if kl_coef else None            # k1: log pi_old - log pi_ref
+                tok[j, :n] = token_rewards(t.reward, mask[j, :n], kl, kl_coef)
+                val[j, :n] = values[i]
+            extra = dict(token_rewards=tok, values=val, gamma=critic.gae_gamma, lam=critic.gae_lambda)
+        res = compute_advantages(
+            name, rewards=torch.tensor([t.reward for t in sub], dtype=torch.float32), loss_mask=mask,
+            group_ids=[t.group_id for t in sub], roles=[role] * len(sub), state=state, decay=algo.ema_decay,
+            all_reduce=all_reduce, **extra)
+        if res.state is not None:
+            state = res.state
+        for j, i in enumerate(idx):
+            n = len(trajs[i].token_ids)
+            out[i] = res.advantages[j, :n].float()
+            if name == "gae":
+                rets[i] = res.returns[j, :n].float()
+    return out, rets, state

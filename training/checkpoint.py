@@ -10,6 +10,7 @@ Layout under <output_dir>/:
                                 EMA baselines, curriculum; plain types only, read with weights_only=True
         hf/                     HF export: model-0000k-of-0000N.safetensors + model.safetensors.index.json
                                 (one model.safetensors when it fits in one shard), config, tokenizer
+        critic/, critic_hf/     the PPO critic's DeepSpeed tag; its HF export with --export_critic
     checkpoints/latest          the newest *complete* tag, written last and atomically
     .rank0_marker               a random token rank 0 writes at start-up: every rank must read it
                                 back, or the launch is refused (`check_shared_output_dir`)
@@ -56,6 +57,7 @@ OPERATIONAL = frozenset({
     "selfplay.allow_demo_defaults",   # a start-up check; the paths themselves are run-defining
     "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
     "checkpointing.overwrite",
+    "critic.export_critic", "critic.critic_offload_param", "critic.critic_gradient_checkpointing",
     "eval.eval_every", "eval.eval_data", "eval.eval_limit",  # evaluation reads the weights, never trains them
     "deepspeed.local_rank", "deepspeed.offload_param", "deepspeed.ref_offload",
     "rollout.gpu_memory_utilization", "rollout.kv_cache_mb", "rollout.sync_bucket_mb",
@@ -517,8 +519,9 @@ def _make_room(path: Path, rid: str, latest: str | None) -> None:
 
 
 def save(engine, output_dir: str | Path, step: int, client_state: dict, *, tokenizer_dir: str | Path,
-         export: bool = True, max_ckpts: int = 2) -> Path:
-    """Save everything needed to resume at `step` (the number of finished steps). Collective."""
+         export: bool = True, max_ckpts: int = 2, extra: dict | None = None) -> Path:
+    """Save everything needed to resume at `step` (the number of finished steps), and each of `extra`
+    {name: engine} (the critic) in <tag>/<name>/ (its ZeRO shards, optimizer, scheduler). Collective."""
     root = ckpt_root(output_dir)
     tag = tag_for(step)
     path = root / tag
@@ -536,6 +539,8 @@ def save(engine, output_dir: str | Path, step: int, client_state: dict, *, token
         export_hf(engine.module, tokenizer_dir, path / "hf")
     fault_point("in_save", step)
     engine.save_checkpoint(str(root), tag=tag, client_state={"step": step}, save_latest=False)
+    for name, e in (extra or {}).items():  # before `latest`: a checkpoint without its critic is incomplete
+        e.save_checkpoint(str(path), tag=name, save_latest=False)
     D.barrier()
     if D.is_main():
         _write_atomic(root / "latest", tag + "\n")  # the commit point
@@ -579,18 +584,16 @@ def find_resume(output_dir: str | Path, resume: str) -> Path | None:
     return path
 
 
-def load(engine, path: Path) -> dict:
-    """Restore engine (params, optimizer, scheduler) and return this rank's client state,
-    with the RNG states already applied. Collective."""
-    load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
-                                          load_lr_scheduler_states=True)
-    if load_path is None:
-        raise RuntimeError(f"DeepSpeed could not load the checkpoint at {path}")
+def load(engine, path: Path, extra: dict | None = None) -> dict:
+    """Restore engine and each of `extra` {name: engine} (params, optimizer, scheduler); return this rank's
+    client state, with the RNG states already applied. Collective."""
+    for where, tag, e in [(path.parent, path.name, engine)] + [(path, n, e) for n, e in (extra or {}).items()]:
+        if e.load_checkpoint(str(where), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True)[0] is None:
+            raise RuntimeError(f"DeepSpeed could not load the checkpoint at {where / tag}")
     own = path / f"trainer_rank{D.rank()}.pt"
     state = read_client_state(own if own.exists() else path / "trainer_rank0.pt")
     if state.get("world_size") != D.world_size():
-        # Per-rank pools and RNG streams cannot be split or merged exactly; the run goes on
-        # from rank 0's bookkeeping and says so.
+        # Per-rank pools and RNG streams cannot be split or merged exactly: go on from rank 0's bookkeeping, say so
         print(f"[warn] checkpoint was written by {state.get('world_size')} ranks, resuming on {D.world_size()}: "
               f"RNG streams and per-rank question pools are re-derived, so steps will not match a same-size resume")
     set_rng_state(state["rng"])

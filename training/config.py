@@ -178,6 +178,38 @@ class AlgoArgs:
 
 
 @dataclass
+class CriticArgs:
+    """The PPO critic, built only when a role uses --*_estimator gae (training/critic.py)."""
+    critic_model_path: str = F("", "HF folder (or hub id) the critic starts from (a causal LM: its decoder is kept and a "
+                                   "scalar value head added, veRL's AutoModelForTokenClassification with one label); "
+                                   "empty = the actor's --model_path")
+    critic_lr: float = F(1e-5, "the critic's peak learning rate (its own AdamW); 1e-5 is veRL's and Search-R1's "
+                               "critic default, 10x their actor's")
+    critic_lr_warmup_steps: int = F(0, "the critic's linear LR warm-up steps")
+    critic_lr_schedule: str = F("constant", "the critic's LR after warm-up: constant, or a cosine / linear decay to 0 "
+                                            "at --total_steps", choices=("constant", "cosine", "linear"))
+    critic_weight_decay: float = F(0.0, "AdamW's decoupled weight decay of the critic")
+    critic_max_grad_norm: float = F(1.0, "the critic's gradient clipping (its own global norm)")
+    critic_train_top_layers: int = F(0, "train only the critic's last N decoder layers, its final norm and its value "
+                                        "head (as --train_top_layers does for the actor); 0 = train every weight")
+    critic_gradient_checkpointing: bool = F(True, "recompute the critic's activations in backward (as "
+                                                  "--gradient_checkpointing for the actor)")
+    critic_offload_optimizer: bool = F(False, "keep the critic's optimizer states in CPU memory (DeepSpeedCPUAdam)")
+    critic_offload_param: bool = F(False, "keep the critic's ZeRO-3 parameters in CPU memory")
+    value_clip: float = F(0.5, "clip of the value loss: the new value may leave the rollout's value by at most this "
+                               "before its loss stops counting (PPO; veRL's cliprange_value, default 0.5); 0 = off")
+    critic_warmup: int = F(0, "for the first N steps only the critic trains, the actor does not (veRL's critic_warmup)")
+    gae_gamma: float = F(1.0, "GAE discount over sampled tokens; 1.0 as Search-R1 and veRL for outcome rewards")
+    gae_lambda: float = F(1.0, "GAE lambda; 1.0 as Search-R1 and veRL (advantage = return - value, no bootstrapping "
+                               "bias) for outcome rewards")
+    kl_in_reward: float = F(0.0, "KL penalty coefficient inside the gae roles' token rewards: each sampled token's "
+                                 "reward gets -coef x (log pi_old - log pi_ref) (k1, DeepSpeed-Chat's and Search-R1's "
+                                 "form); an alternative to --kl_coef (KL in the loss), never both; 0 = off")
+    export_critic: bool = F(False, "also write an HF export of the critic (AutoModelForTokenClassification) at each "
+                                   "checkpoint, under critic_hf/; its ZeRO shards are always in the checkpoint")
+
+
+@dataclass
 class OptimArgs:
     lr: float = F(1e-6, "peak learning rate, reached after --warmup_steps and then shaped by --lr_schedule")
     weight_decay: float = F(0.0, "AdamW's decoupled weight decay coefficient on the trained weights")
@@ -244,7 +276,7 @@ class EvalArgs:
 
 GROUPS = {
     "model": ModelArgs, "rollout": RolloutArgs, "search": SearchArgs, "selfplay": SelfPlayArgs,
-    "algorithm": AlgoArgs, "optimisation": OptimArgs, "deepspeed": DeepSpeedArgs, "logging": LogArgs,
+    "algorithm": AlgoArgs, "critic": CriticArgs, "optimisation": OptimArgs, "deepspeed": DeepSpeedArgs, "logging": LogArgs,
     "checkpointing": CkptArgs, "eval": EvalArgs,
 }
 
@@ -256,6 +288,7 @@ class Config:
     search: SearchArgs = field(default_factory=SearchArgs)
     selfplay: SelfPlayArgs = field(default_factory=SelfPlayArgs)
     algorithm: AlgoArgs = field(default_factory=AlgoArgs)
+    critic: CriticArgs = field(default_factory=CriticArgs)
     optimisation: OptimArgs = field(default_factory=OptimArgs)
     deepspeed: DeepSpeedArgs = field(default_factory=DeepSpeedArgs)
     logging: LogArgs = field(default_factory=LogArgs)
@@ -428,7 +461,12 @@ def demo_default_errors(cfg: Config, cuda: bool, multi_node: bool) -> list[str]:
 def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm
-    return a.kl_coef > 0 or (a.distill != "off" and a.distill_teacher == "reference")
+    return a.kl_coef > 0 or cfg.critic.kl_in_reward > 0 or (a.distill != "off" and a.distill_teacher == "reference")
+
+
+def needs_critic(cfg: Config) -> bool:
+    """The critic is built when some role's advantages are GAE's (the other role needs no values)."""
+    return "gae" in (cfg.algorithm.proposer_estimator, cfg.algorithm.solver_estimator)
 
 
 def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | None = None,
@@ -472,8 +510,8 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
             errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "
                         f"{r.max_total_tokens} + --distill_context_tokens {a.distill_context_tokens} + 32); raise it "
                         f"or lower --distill_context_tokens")
-    if "gae" in (a.proposer_estimator, a.solver_estimator):
-        errs.append("estimator 'gae' needs a critic, which this trainer does not build yet; use grpo, rloo, reinforce++ or ema")
+    from training.critic_config import critic_errors  # light: no torch
+    errs += critic_errors(cfg)
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:
         errs.append(f"clip range must satisfy 0 <= clip_low < 1 and clip_high > 0 (got {a.clip_low}, {a.clip_high})")
     if not 0.0 <= o.max_failed_share <= 1.0:

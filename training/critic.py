@@ -201,3 +201,44 @@ def _reduce(per_step: list[list[dict]]) -> dict[str, float]:
     for k in ("critic/vf_clipfrac", "critic/values_mean"):
         out[k] = sum(float(m[k]) * float(m["critic/num_tokens"]) for m in ms) / n if n else math.nan
     return out
+
+
+# ----------------------------------------------------------------------------- the trainer's two calls
+
+def gae_roles(algo) -> set[str]:
+    return {r for r in ("proposer", "solver") if getattr(algo, f"{r}_estimator") == "gae"}
+
+
+def step_values(engine, trajs, algo, micro_token_budget: int) -> list:
+    """Values of the trajectories whose role uses gae (None for the others). Collective."""
+    roles = gae_roles(algo)
+    idx = [i for i, t in enumerate(trajs) if t.role in roles]
+    vals = critic_values(engine, [trajs[i] for i in idx], micro_token_budget)
+    out: list = [None] * len(trajs)
+    for i, v in zip(idx, vals):
+        out[i] = v
+    return out
+
+
+def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce) -> dict[str, float]:
+    """The critic's share of one SSP step: LR, explained variance of the values GAE used, the update.
+    `reduce` = the trainer's mean over ranks (summing *_loss). Collective."""
+    from training.engine_builder import set_critic_lr
+
+    idx = [i for i, r in enumerate(returns) if r is not None]
+    sub = [trajs[i] for i in idx]
+    masks = [torch.tensor(t.loss_mask) for t in sub]
+    ev = explained_variance([values[i] for i in idx], [returns[i] for i in idx], masks)
+    lr = set_critic_lr(engine, cfg, step)
+    o = cfg.optimisation
+    m, n_steps = critic_update(engine, sub, [values[i] for i in idx], [returns[i] for i in idx], cfg.algorithm,
+                               micro_token_budget=o.micro_token_budget, value_clip=cfg.critic.value_clip,
+                               seed=o.seed * 7 + step)
+    m.update({"critic/lr": lr, "critic/optimizer_steps": float(n_steps)})
+    gn = engine.get_global_grad_norm() if n_steps else None
+    if gn is not None:
+        m["critic/grad_norm"] = float(gn)
+    out = reduce(m)
+    if math.isfinite(ev):   # undefined when the returns do not vary (say, every reward equal): left out, not 0
+        out["critic/explained_variance"] = ev
+    return out

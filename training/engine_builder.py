@@ -1,8 +1,8 @@
 """Engine builder: DeepSpeed config (built in code) -> model -> optimizer -> deepspeed.initialize (the LR follows set_lr).
 
 Kept apart from the trainer that uses the engines (DeepSpeed-Chat's split). Builds
-the actor and, when asked, a frozen reference model. A PPO critic is not built yet
-(validate_args refuses the `gae` estimator with that reason).
+the actor and, when asked, a frozen reference model and a PPO critic (its own ZeRO-3
+engine, optimizer, LR schedule and gradient clipping; the value model is training/critic.py's).
 """
 
 from __future__ import annotations
@@ -12,15 +12,17 @@ from dataclasses import dataclass
 
 import torch
 
-from training.config import Config, needs_reference
+from training.config import Config, needs_critic, needs_reference
 
 
-def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | None = None) -> dict:
+def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | None = None,
+                    offload_optimizer: bool | None = None, grad_clip: float | None = None) -> dict:
     """The DeepSpeed config dict. Micro-batching is ours (packed rows, variable count per step),
     so DeepSpeed sees micro-batch 1 and no accumulation; the trainer marks the accumulation
     boundary itself and the loss carries the global normaliser (training/loss.py)."""
     ds, o = cfg.deepspeed, cfg.optimisation
     offload_param = ds.offload_param if offload_param is None else offload_param
+    offload_optimizer = ds.offload_optimizer if offload_optimizer is None else offload_optimizer
     zero: dict = {
         "stage": ds.zero_stage,
         "stage3_param_persistence_threshold": 1e4,
@@ -31,7 +33,7 @@ def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | No
     }
     if offload_param and ds.zero_stage == 3:
         zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-    if train and ds.offload_optimizer:
+    if train and offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
     conf = {
         "train_micro_batch_size_per_gpu": 1,
@@ -44,22 +46,31 @@ def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | No
         "memory_efficient_linear": False,
     }
     if train:
-        conf["gradient_clipping"] = o.max_grad_norm
+        conf["gradient_clipping"] = o.max_grad_norm if grad_clip is None else grad_clip
     return conf
 
 
-def lr_lambda(cfg: Config):
-    o = cfg.optimisation
+def lr_lambda(cfg: Config, critic: bool = False):
+    o, c = cfg.optimisation, cfg.critic
+    warmup, schedule = (c.critic_lr_warmup_steps, c.critic_lr_schedule) if critic else (o.warmup_steps, o.lr_schedule)
 
     def f(step: int) -> float:
-        if o.warmup_steps and step < o.warmup_steps:
-            return (step + 1) / o.warmup_steps
-        if o.lr_schedule == "constant":
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
             return 1.0
-        t = (step - o.warmup_steps) / max(1, o.total_steps - o.warmup_steps)
+        t = (step - warmup) / max(1, o.total_steps - warmup)
         t = min(max(t, 0.0), 1.0)
-        return 0.5 * (1 + math.cos(math.pi * t)) if o.lr_schedule == "cosine" else 1.0 - t
+        return 0.5 * (1 + math.cos(math.pi * t)) if schedule == "cosine" else 1.0 - t
     return f
+
+
+def set_critic_lr(engine, cfg: Config, step: int) -> float:
+    """The critic's LR at `step`: --critic_lr shaped by its own warm-up and schedule (a pure function of the step)."""
+    lr = cfg.critic.critic_lr * lr_lambda(cfg, critic=True)(step)
+    for g in engine.optimizer.param_groups:
+        g["lr"] = lr
+    return lr
 
 
 def set_lr(engine, cfg: Config, step: int) -> float:
@@ -121,7 +132,8 @@ def _load_model(cfg: Config, ds_config: dict):
     return model, keepalive
 
 
-def make_optimizer(cfg: Config, params):
+def make_optimizer(cfg: Config, params, *, lr: float | None = None, weight_decay: float | None = None,
+                   offload: bool | None = None):
     """The actor's optimizer; train.py --dry_run checks the same choice.
     No offload: torch AdamW, nothing is JIT-compiled (FusedAdam / CPU-Adam take ~150 s of gcc)
     and checkpoint restore is exact (docs/PLATFORM_NOTES.md, DeepSpeed ZeRO-3 rules).
@@ -129,10 +141,12 @@ def make_optimizer(cfg: Config, params):
     a torch optimizer under offload unless "zero_force_ds_cpu_optimizer" is false); its op is
     JIT-built with gcc on first use (~150 s) and cached in TORCH_EXTENSIONS_DIR."""
     o = cfg.optimisation
-    if cfg.deepspeed.offload_optimizer:
+    lr = o.lr if lr is None else lr
+    weight_decay = o.weight_decay if weight_decay is None else weight_decay
+    if cfg.deepspeed.offload_optimizer if offload is None else offload:
         from deepspeed.ops.adam import DeepSpeedCPUAdam
-        return DeepSpeedCPUAdam(params, lr=o.lr, weight_decay=o.weight_decay, adamw_mode=True)
-    return torch.optim.AdamW(params, lr=o.lr, weight_decay=o.weight_decay)
+        return DeepSpeedCPUAdam(params, lr=lr, weight_decay=weight_decay, adamw_mode=True)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
 @dataclass
@@ -141,6 +155,7 @@ class Engines:
     ref: object | None            # frozen reference (DeepSpeedEngine in eval mode) or None
     ds_config: dict
     _keepalive: list              # HfDeepSpeedConfig objects must outlive the engines
+    critic: object | None = None  # PPO critic (DeepSpeedEngine of training/critic.py's value model) or None
 
 
 def build_engines(cfg: Config) -> Engines:
@@ -164,4 +179,42 @@ def build_engines(cfg: Config) -> Engines:
         ref, *_ = deepspeed.initialize(model=ref_model, config=ref_cfg)
         ref.eval()
         keepalive.append(keep_ref)
-    return Engines(actor=actor, ref=ref, ds_config=ds_config, _keepalive=keepalive)
+    critic = None
+    if needs_critic(cfg):
+        critic, keep_critic = build_critic(cfg)
+        keepalive.append(keep_critic)
+    return Engines(actor=actor, ref=ref, ds_config=ds_config, _keepalive=keepalive, critic=critic)
+
+
+def critic_ds_config(cfg: Config) -> dict:
+    c = cfg.critic
+    return build_ds_config(cfg, train=True, offload_param=c.critic_offload_param,
+                           offload_optimizer=c.critic_offload_optimizer, grad_clip=c.critic_max_grad_norm)
+
+
+def build_critic(cfg: Config, optimizer_fn=None):
+    """The critic as DeepSpeed-Chat builds it: its ds config -> value model (from --critic_model_path, or
+    the actor's start) -> its optimizer -> deepspeed.initialize. Returns (engine, HfDeepSpeedConfig
+    keep-alive). `optimizer_fn(params)` replaces AdamW (the tests' plain SGD)."""
+    import deepspeed
+    from transformers.integrations import HfDeepSpeedConfig
+
+    from training.critic import load_value_model
+
+    c = cfg.critic
+    ds_config = critic_ds_config(cfg)
+    keep = HfDeepSpeedConfig(ds_config) if ds_config["zero_optimization"]["stage"] == 3 else None
+    dtype = torch.bfloat16 if cfg.model.dtype == "bf16" else torch.float32
+    model = load_value_model(c.critic_model_path or cfg.model.model_path, dtype, _attn_impl(cfg))
+    freeze_lower_layers(model, c.critic_train_top_layers)
+    model.score.requires_grad_(True)          # the value head always trains
+    if c.critic_gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = (optimizer_fn(params) if optimizer_fn is not None else
+           make_optimizer(cfg, params, lr=c.critic_lr, weight_decay=c.critic_weight_decay,
+                          offload=c.critic_offload_optimizer))
+    if optimizer_fn is not None:
+        ds_config = {**ds_config, "zero_allow_untested_optimizer": True}
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds_config)
+    return engine, keep

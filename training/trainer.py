@@ -5,8 +5,9 @@
         game = play_round(rows_of_this_rank)       # proposer -> filters -> RAG -> solver -> rewards
         hybrid.to_train()                          # vLLM sleeps (GPU)
         old, ref = recompute log-probs             # packed, no grad
+        values = critic(gae roles' trajectories)   # only when a role uses gae (training/critic.py)
         adv = advantages per role                  # each role its own estimator
-        update(packed trajectories)                # clipped surrogate, global normaliser
+        update(packed trajectories)                # clipped surrogate, global normaliser; then the critic's
         log, checkpoint, evaluate
 
 A question's whole solver group stays on the rank that played it, so group
@@ -27,6 +28,7 @@ import torch
 
 from training.config import (AUTO_PROMPTS_PER_GROUP, Config, demo_defaults_in_use, node_count, resolve_defaults,
                              validate_args)
+from training.critic import step_values, train_step_critic
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
 from utils import dist as D
@@ -167,7 +169,7 @@ class SSPTrainer:
             self.llm = HFEngine(cfg.model.model_path, dtype=dtype, device=D.local_device(), batch_size=64,
                                 max_model_len=cfg.rollout.max_model_len)
         self.engines = build_engines(cfg)
-        self.actor = self.engines.actor
+        self.actor, self.critic = self.engines.actor, self.engines.critic
         if cfg.rollout.rollout_engine == "vllm":
             self.llm = VLLMEngine(
                 cfg.model.model_path, dtype=dtype,
@@ -224,7 +226,7 @@ class SSPTrainer:
         path = C.find_resume(self.out, self.cfg.checkpointing.resume)
         if path is None:
             return
-        state = C.load(self.actor, path)
+        state = C.load(self.actor, path, extra={"critic": self.critic} if self.critic is not None else None)
         self.step, self.cursor, self.qa_cursor = int(state["step"]), int(state["cursor"]), int(state.get("qa_cursor", 0))
         self.ema_state = state.get("ema_state", {})
         if "guards" in state:
@@ -241,12 +243,15 @@ class SSPTrainer:
     def save(self) -> None:
         from training import checkpoint as C
         ck = self.cfg.checkpointing
-        C.save(self.actor, self.out, self.step,
+        path = C.save(self.actor, self.out, self.step,
                {"cursor": self.cursor, "qa_cursor": self.qa_cursor, "pool": self.pool.to_list(), "pool_rng": self.pool.rng.getstate(),
                 "ema_state": self.ema_state,
                 "guards": {"failures": self.failures.state_dict(), "nonfinite": self.nonfinite.state_dict()},
                 "curriculum": self.simulated.state_dict() if self.simulated is not None else {}},
-               tokenizer_dir=self.cfg.model.model_path, export=ck.export_hf, max_ckpts=ck.max_ckpts)
+               tokenizer_dir=self.cfg.model.model_path, export=ck.export_hf, max_ckpts=ck.max_ckpts,
+               extra={"critic": self.critic} if self.critic is not None else None)
+        if self.critic is not None and self.cfg.critic.export_critic:  # optional: not needed to resume
+            C.export_hf(self.critic.module, self.cfg.model.model_path, path / "critic_hf")
 
     # ------------------------------------------------------------------ data
     def next_batch(self) -> tuple[list, list[dict]]:
@@ -363,17 +368,26 @@ class SSPTrainer:
             else:
                 old = self.forward_logprobs(self.actor, trajs)
             ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
-        adv = self.advantages(trajs)
+        values = None
+        if self.critic is not None:
+            with self._timer(times, "critic"):
+                values = step_values(self.critic, trajs, cfg.algorithm, cfg.optimisation.micro_token_budget)
+        adv, returns = self.advantages(trajs, values, old, ref)
         distill = {}
         if cfg.algorithm.distill != "off":   # the teacher's dense term joins the solver's advantages
             with self._timer(times, "teacher"):
                 adv, distill = self._distill(trajs, adv, old)
         gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
-            set_lr(self.actor, cfg, self.step)
-            snap = snapshot_weights(self.actor)
-            upd = self.update(trajs, adv, old, ref)
-            upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
+            upd = {}
+            if self.critic is None or self.step >= cfg.critic.critic_warmup:  # --critic_warmup: the critic alone
+                set_lr(self.actor, cfg, self.step)
+                snap = snapshot_weights(self.actor)
+                upd = self.update(trajs, adv, old, ref)
+                upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
+        if self.critic is not None:
+            with self._timer(times, "critic"):
+                upd.update(train_step_critic(self.critic, cfg, self.step, trajs, values, returns, self._mean_over_ranks))
         upd["actor/rollout_lp_gap"] = gap
         # a step with a skipped optimizer step counts as non-finite; N in a row stop the run (all ranks:
         # the count is the same everywhere)
@@ -442,26 +456,13 @@ class SSPTrainer:
         num, den = D.all_reduce_sum([num, den])
         return num / den if den else 0.0
 
-    def advantages(self, trajs) -> list[torch.Tensor]:
-        from training.advantages import compute_advantages
-        a = self.cfg.algorithm
-        out: list[torch.Tensor | None] = [None] * len(trajs)
-        for role in ("proposer", "solver"):  # both roles on every rank: estimators may all-reduce
-            idx = [i for i, t in enumerate(trajs) if t.role == role]
-            sub = [trajs[i] for i in idx]
-            width = max([len(t.token_ids) for t in sub] + [1])
-            mask = torch.zeros(len(sub), width)
-            for j, t in enumerate(sub):
-                mask[j, :len(t.loss_mask)] = torch.tensor(t.loss_mask, dtype=torch.float32)
-            res = compute_advantages(
-                getattr(a, f"{role}_estimator"), rewards=torch.tensor([t.reward for t in sub], dtype=torch.float32),
-                loss_mask=mask, group_ids=[t.group_id for t in sub], roles=[role] * len(sub),
-                state=self.ema_state, decay=a.ema_decay, all_reduce=_all_reduce_tensor)
-            if res.state is not None:
-                self.ema_state = res.state
-            for j, i in enumerate(idx):
-                out[i] = res.advantages[j, :len(trajs[i].token_ids)].float()
-        return out
+    def advantages(self, trajs, values=None, old=None, ref=None) -> tuple[list, list]:
+        """(advantages, critic targets or None) per trajectory: training.advantages.role_advantages."""
+        from training.advantages import role_advantages
+        adv, returns, self.ema_state = role_advantages(
+            trajs, self.cfg.algorithm, self.cfg.critic, state=self.ema_state, values=values, old=old, ref=ref,
+            all_reduce=_all_reduce_tensor)
+        return adv, returns
 
     def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict]:
         """Self-distillation, sampled-token form (training/teacher.py): the teacher's log-probs of the

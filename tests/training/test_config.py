@@ -26,7 +26,13 @@ def test_defaults_parse_with_existing_paths(tmp_path):
 @pytest.mark.parametrize("extra, needle", [
     (["--proposer_estimator", "grpo", "--proposer_n", "1"], "group of one has no baseline"),
     (["--solver_estimator", "rloo", "--solver_n", "1"], "needs a group"),
-    (["--solver_estimator", "gae"], "needs a critic"),
+    (["--solver_estimator", "gae", "--kl_in_reward", "0.01", "--kl_coef", "0.01"], "so it would be paid twice"),
+    (["--kl_in_reward", "0.01"], "no role uses --*_estimator gae"),
+    (["--critic_warmup", "2"], "so there is no critic"),
+    (["--solver_estimator", "gae", "--gae_lambda", "1.5"], "--gae_gamma and --gae_lambda must be in [0, 1]"),
+    (["--solver_estimator", "gae", "--value_clip", "-1"], "--value_clip and --critic_lr must be >= 0"),
+    (["--solver_estimator", "gae", "--critic_model_path", "/nonexistent/critic"],
+     "--critic_model_path /nonexistent/critic does not exist"),
     (["--max_total_tokens", "9000", "--max_model_len", "4096"], "exceeds vLLM"),
     (["--micro_token_budget", "100"], "packing could not place"),
     (["--judge", "llm"], "needs --judge_url"),
@@ -52,6 +58,17 @@ def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
         parse_config(_ok_paths(tmp_path) + extra)
     assert needle in str(e.value)
+
+
+def test_gae_is_accepted_with_a_critic_per_role(tmp_path):
+    from training.config import needs_critic, needs_reference
+
+    assert not needs_critic(parse_config(_ok_paths(tmp_path)))
+    cfg = parse_config(_ok_paths(tmp_path) + ["--solver_estimator", "gae", "--proposer_estimator", "reinforce++",
+                                              "--solver_n", "1", "--critic_warmup", "2"])
+    assert needs_critic(cfg) and cfg.critic.gae_gamma == 1.0 and cfg.critic.gae_lambda == 1.0
+    kl = parse_config(_ok_paths(tmp_path) + ["--proposer_estimator", "gae", "--kl_in_reward", "0.05"])
+    assert needs_critic(kl) and needs_reference(kl)          # the KL in the reward needs the reference
 
 
 def test_the_reference_is_built_for_kl_or_as_the_teacher(tmp_path):
