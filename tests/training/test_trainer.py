@@ -159,3 +159,45 @@ def test_hf_rollout_engine_trains_and_resumes_exactly(workdir, tiny_model_dir):
         assert _stable(mb[step]) == pytest.approx(_stable(ma[step]), rel=1e-6, abs=1e-7), step
     wa, wb = _weights(a / "checkpoints/step_000002/hf"), _weights(b / "checkpoints/step_000002/hf")
     assert all((wa[k] - wb[k]).abs().max() == 0 for k in wa)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_gae_with_a_critic_trains_and_resumes_exactly(workdir, tiny_model_dir):
+    """PPO with a critic (solver gae, proposer reinforce++, --critic_warmup 1, --export_critic) at 2 ranks with
+    the hf rollout engine: step 1 trains the critic alone, step 2 both; the checkpoint holds the critic's
+    ZeRO shards and optimizer, and a run killed in step 2 resumes to the uninterrupted run's exact metrics
+    and actor and critic weights."""
+    def args(out):
+        a = _args(workdir, tiny_model_dir, out) + ["--rollout_engine", "hf", "--solver_estimator", "gae",
+                                                   "--proposer_estimator", "reinforce++", "--critic_warmup", "1",
+                                                   "--critic_lr", "1e-3", "--export_critic", "true"]
+        a[a.index("--total_steps") + 1] = "2"
+        return a
+
+    a, b = workdir / "gae_a", workdir / "gae_b"
+    rc = _torchrun(args(a), workdir / "gae_a.log")
+    assert rc == 0, (workdir / "gae_a.log").read_text()[-4000:]
+    ma = _metrics(a)
+    assert sorted(ma) == [1, 2]
+    for step, m in ma.items():
+        assert m["critic/optimizer_steps"] == 1 and m["critic/value_loss"] > 0 and m["timing_s/critic"] > 0, m
+        assert "critic/vf_clipfrac" in m and "critic/values_mean" in m, m
+    assert "actor/optimizer_steps" not in ma[1] and ma[2]["actor/optimizer_steps"] == 1, (ma[1], ma[2])
+    ck = a / "checkpoints/step_000001"
+    assert (ck / "critic").is_dir() and any((ck / "critic").rglob("*optim_states.pt")), sorted(ck.rglob("*"))
+    c1, c2 = _weights(ck / "critic_hf"), _weights(a / "checkpoints/step_000002/critic_hf")
+    assert "score.weight" in c1 and any((c1[k] - c2[k]).abs().max() > 0 for k in c1)
+    w0, w1 = _weights(tiny_model_dir), _weights(ck / "hf")
+    assert all((w0[k] - w1[k]).abs().max() == 0 for k in w0)          # --critic_warmup 1: the actor waited
+    rc = _torchrun(args(b), workdir / "gae_b1.log", SSP_FAULT="after_generate:1")
+    assert rc != 0 and "SSP_FAULT: killing rank" in (workdir / "gae_b1.log").read_text()
+    rc = _torchrun(args(b), workdir / "gae_b2.log")
+    log = (workdir / "gae_b2.log").read_text()
+    assert rc == 0 and "resumed from" in log, log[-4000:]
+    mb = _metrics(b)
+    for step in (1, 2):
+        assert _stable(mb[step]) == pytest.approx(_stable(ma[step]), rel=1e-6, abs=1e-7), step
+    for sub in ("hf", "critic_hf"):
+        wa, wb = _weights(a / "checkpoints/step_000002" / sub), _weights(b / "checkpoints/step_000002" / sub)
+        assert all((wa[k] - wb[k]).abs().max() == 0 for k in wa), sub
