@@ -51,7 +51,7 @@ DESCRIPTION = (__doc__.split("\n")[0] + " Also: --dry_run checks the command lin
 
 # (group, flag) of every path validate_args looks for on disk.
 PATH_FLAGS = (("model", "model_path"), ("selfplay", "train_data"), ("selfplay", "qa_data"),
-              ("selfplay", "pool_init"), ("search", "index"))
+              ("selfplay", "pool_init"), ("search", "index"), ("critic", "critic_model_path"))
 
 
 def split_own_flags(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
@@ -86,7 +86,7 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     from pathlib import Path
 
     from training.config import (GROUPS, Config, build_parser, cuda_present, demo_default_errors, demo_defaults_in_use,
-                                 needs_reference, node_count, resolve_defaults)
+                                 needs_critic, needs_reference, node_count, resolve_defaults)
 
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
@@ -111,11 +111,13 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
         print("train.py --dry_run: invalid configuration:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 1
 
-    from training.engine_builder import build_ds_config
+    from training.engine_builder import build_ds_config, critic_ds_config
 
     ds_cfgs = {"actor": build_ds_config(cfg, train=True)}
     if needs_reference(cfg):
         ds_cfgs["reference"] = build_ds_config(cfg, train=False, offload_param=cfg.deepspeed.ref_offload)
+    if needs_critic(cfg):
+        ds_cfgs["critic"] = critic_ds_config(cfg)
     print("train.py --dry_run: resolved config\n" + json.dumps(cfg.to_dict(), indent=2))
     for name, ds in ds_cfgs.items():
         print(f"DeepSpeed config ({name})\n" + json.dumps(ds, indent=2))
@@ -185,6 +187,15 @@ def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
         ref, *_ = deepspeed.initialize(model=torch.nn.Linear(16, 16), config=ds_cfgs["reference"])
         with torch.no_grad():
             ref(x)
+    if "critic" in ds_cfgs:  # its own optimizer; CPU-Adam under --critic_offload_optimizer, checked as the actor's
+        c, critic_model = cfg.critic, torch.nn.Linear(16, 1)
+        ds_c, offload = dict(ds_cfgs["critic"]), c.critic_offload_optimizer and (build_ops or cpu_adam_prebuilt())
+        if c.critic_offload_optimizer and not offload:
+            ds_c["zero_force_ds_cpu_optimizer"] = False
+        opt = make_optimizer(cfg, list(critic_model.parameters()), lr=c.critic_lr, offload=offload)
+        critic, *_ = deepspeed.initialize(model=critic_model, optimizer=opt, config=ds_c)
+        critic.backward(critic(x).float().pow(2).mean())
+        critic.step()
     lines.append(f"deepspeed.initialize + one step on a stand-in nn.Linear (world size 1, {engine.device}): ok, "
                  f"{' and '.join(ds_cfgs)} config accepted")
     return lines

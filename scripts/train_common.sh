@@ -4,6 +4,10 @@
 # Every variable below can be overridden from the environment; extra arguments go to train.py.
 # DRY_RUN=1 adds --dry_run: parse, validate, print the resolved and DeepSpeed configs, check that
 # config with deepspeed.initialize on a stand-in model, and exit (no output dir, no log file).
+# ESTIMATOR is the solver's advantage estimator (default grpo; the proposer keeps reinforce++, since
+# G_p = 1). ESTIMATOR=gae is PPO with a critic: its own ZeRO-3 engine at CRITIC_LR (default 1e-5, Search-R1's
+# and veRL's), its optimizer offloaded when CRITIC_OFFLOAD=true (default: OFFLOAD, as the actor; the 14B
+# scripts default it to true, where a resident critic would not fit 80 GB); gamma = lambda = 1 (the defaults).
 # LAUNCHER_ARGS are extra flags of the deepspeed launcher, e.g. for one machine without ssh:
 #   LAUNCHER_ARGS="--no_ssh_check --master_addr 127.0.0.1" (hostfile line: 'localhost slots=8').
 set -euo pipefail
@@ -38,6 +42,11 @@ LR=${LR:-1e-6}
 STEPS=${STEPS:-200}
 OFFLOAD=${OFFLOAD:-false}
 MICRO_TOKENS=${MICRO_TOKENS:-16384}
+ESTIMATOR=${ESTIMATOR:-grpo}
+critic=()
+if [ "$ESTIMATOR" = gae ]; then
+  critic=(--critic_lr "${CRITIC_LR:-1e-5}" --critic_offload_optimizer "${CRITIC_OFFLOAD:-$OFFLOAD}" --critic_warmup "${CRITIC_WARMUP:-0}")
+fi
 judge=(--judge em)
 if [ -n "$JUDGE_URL" ]; then judge=(--judge llm --judge_url "$JUDGE_URL" --judge_model "$JUDGE_MODEL" --rag_verify judge); fi
 read -r -a launcher <<< "${LAUNCHER_ARGS:-}"
@@ -48,7 +57,7 @@ cmd=(deepspeed --hostfile "$HOSTFILE" "${launcher[@]}" train.py
   --retriever_url "$RETRIEVER_URL" --topk 3
   --train_data "$TRAIN_DATA" "${demo[@]}" --prompts_per_step "$PROMPTS_PER_STEP" --proposer_n 1 --solver_n "$SOLVER_N"
   "${judge[@]}"
-  --proposer_estimator reinforce++ --solver_estimator grpo --clip_low 0.2 --clip_high 0.28
+  --proposer_estimator reinforce++ --solver_estimator "$ESTIMATOR" "${critic[@]}" --clip_low 0.2 --clip_high 0.28
   --lr "$LR" --warmup_steps 10 --total_steps "$STEPS" --micro_token_budget "$MICRO_TOKENS"
   --zero_stage 3 --offload_optimizer "$OFFLOAD"
   --output_dir "$OUT" --save_every 10 --max_ckpts 3

@@ -8,5 +8,7 @@ export TEMPLATE=${TEMPLATE:-r_search}
 export VLLM_TP=${VLLM_TP:-2}
 export PROMPTS_PER_STEP=${PROMPTS_PER_STEP:-256}
 export OFFLOAD=${OFFLOAD:-false}
+# ESTIMATOR=gae: the critic's optimizer in host RAM, or the generate phase would need ~84 GB (memory plan)
+export CRITIC_OFFLOAD=${CRITIC_OFFLOAD:-true}
 export GPU_MEM=${GPU_MEM:-0.35}
 source "$(dirname "$0")/train_common.sh" "$@"

@@ -280,3 +280,45 @@ def test_every_model_script_passes_a_dry_run_through_the_launcher(tmp_path):
         assert ("DeepSpeedCPUAdam" in r.stdout) == (want["OFFLOAD"] == "true")
         assert not (tmp_path / "out" / script.stem).exists(), "a dry run writes no output dir"
     assert not failures, "\n\n".join(failures)
+
+
+def test_model_scripts_take_estimator_gae_and_its_plan_fits_8x80gb(tmp_path):
+    """ESTIMATOR=gae: the solver's estimator is gae (the proposer keeps reinforce++), the critic gets its LR
+    and the memory plan, which counts the critic, warns for no script (the 14B ones offload its optimizer)."""
+    from training import memory_plan as mp
+    from training.config import GROUPS, Config, build_parser, resolve_defaults
+    from dataclasses import fields
+
+    for script in MODEL_SCRIPTS:
+        argv = _script_flags(script, tmp=str(tmp_path / script.stem), ESTIMATOR="gae")
+        ns = build_parser().parse_args(argv[:-1] if argv[-1] == "--dry_run" else argv)
+        cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
+                                         for g, cls in GROUPS.items()}))
+        assert cfg.algorithm.solver_estimator == "gae" and cfg.algorithm.proposer_estimator == "reinforce++"
+        assert cfg.critic.critic_lr == 1e-5
+        pl = mp.plan(cfg, 8, 8)
+        assert pl["train"]["critic"] > 0 or cfg.critic.critic_offload_optimizer, script.name
+        assert pl["warnings"] == [], (script.name, pl["warnings"])
+    plain = _script_flags(MODEL_SCRIPTS[0], tmp=str(tmp_path / "plain"))
+    assert plain[plain.index("--solver_estimator") + 1] == "grpo" and "--critic_lr" not in plain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["train_qwen2.5_3b_instruct.sh", "train_qwen2.5_14b_base.sh"])
+def test_estimator_gae_scripts_pass_a_dry_run_through_the_launcher(tmp_path, name):
+    from utils.dist import free_port
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=8\n")
+    env = _env(DRY_RUN="1", ESTIMATOR="gae", OUT=str(tmp_path / "out"),
+               LAUNCHER_ARGS=f"--no_ssh_check --master_addr 127.0.0.1 --master_port {free_port()}")
+    for k in ("MODEL", "TEMPLATE", "VLLM_TP", "PROMPTS_PER_STEP", "OFFLOAD", "CRITIC_OFFLOAD", "GPU_MEM", "WORLD_SIZE",
+              "RANK", "LOCAL_RANK"):
+        env.pop(k, None)
+    r = subprocess.run(["bash", str(REPO / "scripts" / name), str(hostfile)], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode == 0 and "dry run: ok" in r.stdout, r.stdout[-3000:] + r.stderr[-3000:]
+    cfg, _ = _printed_configs(r.stdout)
+    assert cfg["algorithm"]["solver_estimator"] == "gae"
+    assert "DeepSpeed config (critic)" in r.stdout and "actor and critic config accepted" in r.stdout
+    assert re.search(r"critic \([\d.]+B\): params \+ grads", r.stdout), r.stdout[-3000:]
+    assert cfg["critic"]["critic_offload_optimizer"] == (name == "train_qwen2.5_14b_base.sh")

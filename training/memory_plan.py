@@ -16,6 +16,11 @@ train phase (vLLM asleep: ~0 of it on the GPU at either sleep level)
   live gathers a module bigger than stage3_max_live_parameters is gathered whole (b*module), and its
                full gradient lives until its reduce-scatter (b*module), + prefetch and reduce buckets
   reference    b*P/N when --kl_coef > 0 and not --ref_offload (params only: no grads, no optimizer)
+  critic       a gae role's PPO critic (training/critic.py): its own partitions, b*Pc/N params, b*Pct/N grads
+               and (4+8)*Pct/N optimizer (host RAM with --critic_offload_param / --critic_offload_optimizer);
+               Pc = the actor's P without an untied lm_head, plus the value head (h + 1). Its forward and
+               backward run after the actor's, not beside it, and its activations are the actor's less the
+               log-prob head: the working set below covers both.
   activations  Llama-style block, flash/varlen attention (no T^2 term), saved for backward per token
                and layer: 10h + 4kv + 4I values (2 RMSNorms: fp32 upcast + output = 3h each; q, k before
                and after RoPE and rotate_half, v, attention output = 4h + 4kv; gate, up, silu, product =
@@ -175,6 +180,21 @@ def saves_in_run(total_steps: int, save_every: int) -> int:
     return total_steps // save_every + (1 if total_steps % save_every else 0)
 
 
+def critic_params(cfg, counts: dict) -> tuple[int, int]:
+    """(Pc, Pct): the critic's parameters (the decoder of --critic_model_path or the actor's, without an
+    untied lm_head, plus veRL's value head h + 1) and the trainable ones (--critic_train_top_layers + head);
+    (0, 0) when no role uses gae."""
+    from training.config import needs_critic
+    if not needs_critic(cfg):
+        return 0, 0
+    if cfg.critic.critic_model_path and cfg.critic.critic_model_path != cfg.model.model_path:
+        counts = count_params(load_arch(cfg.critic.critic_model_path)[0])
+    head = counts["hidden"] + 1
+    pc = counts["total"] - (0 if counts["tied"] else counts["vocab"] * counts["hidden"]) + head
+    top = cfg.critic.critic_train_top_layers
+    return pc, (pc if top <= 0 else trainable_params(counts, top) + head)
+
+
 def checkpoint_disk(cfg, world: int, counts: dict | None = None) -> dict:
     """Bytes one checkpoint takes on disk, all ranks together, and what --max_ckpts keeps (module
     docstring: checkpoint disk). ZeRO stage 3; at stages 0-2 DeepSpeed also writes the whole
@@ -191,11 +211,13 @@ def checkpoint_disk(cfg, world: int, counts: dict | None = None) -> dict:
     extras, extras_src = hf_extra_bytes(m.model_path)
     hf = b * p + extras if ck.export_hf else 0
     ranks = world * (RANK_STATE_BYTES + POOL_ROW_BYTES * cfg.selfplay.pool_size * cfg.selfplay.use_pool)
-    one = optimizer + frozen + module + hf + ranks
+    pc, pct = critic_params(cfg, counts)             # the critic's tag: its optimizer and frozen weights
+    critic = 12 * pct + b * (pc - pct) + (b * pc + extras) * (pc > 0 and cfg.critic.export_critic)
+    one = optimizer + frozen + module + hf + ranks + critic
     n = saves_in_run(cfg.optimisation.total_steps, ck.save_every)
     kept = n if ck.max_ckpts <= 0 else min(ck.max_ckpts, n)
     during = min(kept + 1, n)                         # the newest is complete before the oldest goes
-    return dict(optimizer=optimizer, frozen_params=frozen, module=module, hf_export=hf, hf_extras=extras,
+    return dict(optimizer=optimizer, frozen_params=frozen, module=module, hf_export=hf, hf_extras=extras, critic=critic,
                 hf_extras_source=extras_src, rank_states=ranks, one_save=one, saves_in_run=n, max_ckpts=ck.max_ckpts,
                 kept=kept, kept_bytes=kept * one, during_save=during, during_save_bytes=during * one)
 
@@ -211,6 +233,8 @@ def format_disk(d: dict) -> str:
         parts.append(f"whole module (ZeRO stage < 3) {d['module'] / gb:.2f}")
     if d["hf_export"]:
         parts.append(f"HF export {d['hf_export'] / gb:.2f}")
+    if d.get("critic"):
+        parts.append(f"critic (its optimizer, frozen weights, --export_critic) {d['critic'] / gb:.2f}")
     parts.append(f"trainer states {d['rank_states'] / gb:.3f}")
     return (f"disk: one save {d['one_save'] / gb:.2f} GB, {keep}: {d['kept_bytes'] / gb:.2f} GB (GB = 10^9 B; all "
             f"ranks together, on the filesystem of --output_dir)\n"
@@ -254,11 +278,15 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
     off_o, off_p = ds.offload_optimizer, ds.offload_param and ds.zero_stage == 3
     master = 4 if b == 2 else 0                      # fp32 params are their own master copy
     kl = needs_reference(cfg)
+    pc, pct = critic_params(cfg, c)
+    cc = cfg.critic
+    critic_p, critic_go = b * pc // n, (b + master + 8) * pct // n      # params; grads + optimizer
 
     states = {"params": 0 if off_p else b * p // n,
               "grads": 0 if off_o else b * pt // n,
               "optimizer": 0 if off_o else (master + 8) * pt // n,
-              "reference": b * p // n if kl and not ds.ref_offload else 0}
+              "reference": b * p // n if kl and not ds.ref_offload else 0,
+              "critic": critic_p * (not cc.critic_offload_param) + critic_go * (not cc.critic_offload_optimizer)}
     # ZeRO-3 gathers modules up to stage3_max_live_parameters (3e7 in build_ds_config), and a
     # bigger module whole; a module's full gradient exists until its reduce-scatter.
     from training.engine_builder import build_ds_config
@@ -308,11 +336,12 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
     host = {"vllm_weights_level1": vllm_weights if level == 1 and not hf else 0,
             "grads_optimizer": (b + 4 + 8) * pt // n if off_o else 0,
             "params": b * p // n if off_p else 0,
-            "reference": b * p // n if kl and ds.ref_offload else 0}
+            "reference": b * p // n if kl and ds.ref_offload else 0,
+            "critic": critic_p * cc.critic_offload_param + critic_go * cc.critic_offload_optimizer}
     sent = p if all_trainable else pt
     ours_ds_terms = states["params"] + states["grads"] + states["optimizer"] + b * c["largest"] + b * largest_trainable
     ds_est = (deepspeed_model_states(p, c["largest"], n, gpn, off_o, off_p) if with_deepspeed else None)
-    out = dict(model=m.model_path, arch_source=arch_source, params=p, trainable=pt, world=n, gpus_per_node=gpn,
+    out = dict(model=m.model_path, arch_source=arch_source, params=p, trainable=pt, critic_params=pc, world=n, gpus_per_node=gpn,
                dtype=m.dtype, gpu_memory_gb=ds.gpu_memory_gb, sleep_level=level,
                train=dict(**states, activations_saved=saved, backward_head=bwd_head, backward_layer=bwd_layer,
                           buckets=buckets, working_set=working, activations_no_ckpt=act_full,
@@ -340,7 +369,9 @@ def plan_warnings(cfg, pl: dict) -> list[str]:
         fix = [f for f, on in (("--offload_optimizer true", not ds.offload_optimizer),
                                ("--offload_param true", not ds.offload_param),
                                ("--gradient_checkpointing true", not m.gradient_checkpointing),
-                               ("--ref_offload true", pl["train"]["reference"] > 0)) if on]
+                               ("--ref_offload true", pl["train"]["reference"] > 0),
+                               ("--critic_offload_optimizer true", pl["train"]["critic"] > 0
+                                and not cfg.critic.critic_offload_optimizer)) if on]
         fix += [f"a smaller --micro_token_budget (now {pl['micro_token_budget']}, not below --max_total_tokens)",
                 "--train_top_layers N", f"more GPUs (ZeRO-3 partitions shrink with the world, now {pl['world']})"]
         fix += [_retriever_fix(pl)] * (pl["train"]["retriever"] > 0)
@@ -350,6 +381,8 @@ def plan_warnings(cfg, pl: dict) -> list[str]:
         fix = [f"a lower --gpu_memory_utilization (now {r.gpu_memory_utilization:g})"]
         fix += ["--offload_optimizer true (optimizer states stay on the GPU while vLLM is awake)"] * (not ds.offload_optimizer)
         fix += ["--offload_param true"] * (not ds.offload_param)
+        fix += ["--critic_offload_optimizer true (the critic's states stay too)"] * (
+            pl["train"]["critic"] > 0 and not cfg.critic.critic_offload_optimizer)
         fix += [f"more GPUs (now {pl['world']})"]
         fix += [_retriever_fix(pl)] * (pl["generate"]["retriever"] > 0)
         out.append(f"WARNING: generate phase needs ~{gen:.1f} GiB per GPU, over --gpu_memory_gb {limit:g}: try "
@@ -395,6 +428,7 @@ def format_plan(pl: dict) -> str:
             ("  grads (trainable)", _gib(tr["grads"])),
             ("  fp32 master + Adam m, v (trainable)", _gib(tr["optimizer"])),
             ("  reference params", _gib(tr["reference"])),
+            (f"  critic ({pl['critic_params'] / 1e9:.2f}B): params + grads + fp32 master + Adam m, v", _gib(tr["critic"])),
             (f"  activations kept for backward, {pl['micro_token_budget']} tokens, "
              f"{'with' if pl['gradient_checkpointing'] else 'no'} grad ckpt", _gib(tr["activations_saved"])),
             (f"  backward at the log-prob head (gathered lm_head, chunk {pl['logprob_chunk']} x vocab, "
@@ -433,7 +467,7 @@ def format_plan(pl: dict) -> str:
     lines.append(f"  vLLM sleep level {lvl} ({'weights kept in host RAM' if lvl == 1 else 'weights and KV discarded'}); "
                  f"host RAM per GPU {_gib(hst['total'])} GiB, x{pl['gpus_per_node']} per node (vLLM weights {_gib(hst['vllm_weights_level1'])}, "
                  f"offloaded grads+optimizer {_gib(hst['grads_optimizer'])}, params {_gib(hst['params'])}, "
-                 f"reference {_gib(hst['reference'])})")
+                 f"reference {_gib(hst['reference'])}, critic {_gib(hst['critic'])})")
     lines.append(f"  peak phase: {pl['peak_phase']} ({max(tr['peak'], g['peak']) / GiB:.1f} of "
                  f"{pl['gpu_memory_gb']:g} GiB)")
     lines.append(format_disk(pl["disk"]))

@@ -21,7 +21,7 @@ def _cfg(model="Qwen/Qwen2.5-7B", **flags) -> Config:
     cfg.model.model_path = model
     cfg.optimisation.micro_token_budget = 16384
     for k, v in flags.items():
-        for group in ("model", "rollout", "deepspeed", "algorithm", "optimisation"):
+        for group in ("model", "rollout", "deepspeed", "algorithm", "optimisation", "critic"):
             if hasattr(getattr(cfg, group), k):
                 setattr(getattr(cfg, group), k, v)
                 break
@@ -271,3 +271,40 @@ def test_hf_rollout_engine_keeps_a_full_copy_in_both_phases():
     assert hf["generate"]["vllm_weights"] == copy
     assert hf["generate"]["kv_cache"] == mp.HF_BATCH * 4096 * 2 * 28 * 4 * 128 * 2   # 64 x max_model_len x K,V
     assert vllm["host_per_gpu"]["vllm_weights_level1"] > 0 and hf["host_per_gpu"]["vllm_weights_level1"] == 0
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("tied", [True, False])
+def test_critic_params_equal_the_real_value_model(kind, tied):
+    """The critic is veRL's token-classification model (training/critic.py): the plan's Pc and Pct equal
+    a real one's counts, with and without --critic_train_top_layers."""
+    import torch
+    import transformers as T
+
+    from training.engine_builder import freeze_lower_layers
+    config, _ = _tiny(kind, tied)
+    config.num_labels = 1
+    torch.manual_seed(0)
+    model = T.AutoModelForTokenClassification.from_config(config)
+    counts = mp.count_params(config.to_dict())
+    cfg = _cfg(solver_estimator="gae")
+    assert mp.critic_params(cfg, counts) == (sum(p.numel() for p in model.parameters()),) * 2
+    cfg.critic.critic_train_top_layers = 2
+    freeze_lower_layers(model, 2)
+    model.score.requires_grad_(True)
+    assert mp.critic_params(cfg, counts)[1] == sum(p.numel() for p in model.parameters() if p.requires_grad)
+    assert mp.critic_params(_cfg(), counts) == (0, 0)
+
+
+def test_the_critic_adds_its_states_to_both_phases_and_the_checkpoint():
+    base, gae = mp.plan(_cfg(), 8, 8), mp.plan(_cfg(solver_estimator="gae"), 8, 8)
+    pc = gae["critic_params"]
+    assert base["train"]["critic"] == 0 and pc > 0.9 * base["params"]
+    assert gae["train"]["critic"] == 2 * pc // 8 + (2 + 4 + 8) * pc // 8    # bf16 params; grads, fp32 master, m, v
+    assert gae["train"]["peak"] - base["train"]["peak"] == gae["train"]["critic"]
+    assert gae["generate"]["peak"] - base["generate"]["peak"] == gae["train"]["critic"]   # resident while vLLM wakes
+    assert gae["disk"]["one_save"] - base["disk"]["one_save"] == 12 * pc
+    cfg = _cfg(solver_estimator="gae")
+    cfg.critic.critic_offload_optimizer = cfg.critic.critic_offload_param = True
+    off = mp.plan(cfg, 8, 8)
+    assert off["train"]["critic"] == 0 and off["host_per_gpu"]["critic"] == gae["train"]["critic"]
