@@ -113,7 +113,7 @@ def test_value_loss_against_its_formula(clip):
         total += max(l1, l2)
         clipped += l2 > l1
         n += 1
-    assert float(loss) == pytest.approx(0.5 * total / normaliser, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(0.5 * total / normaliser, rel=1e-5)
     assert float(met["critic/vf_clipfrac"]) == pytest.approx(clipped / n)
     if clip > 0:
         assert 0 < clipped < n                                    # the clip acts on some tokens, not all
@@ -122,7 +122,7 @@ def test_value_loss_against_its_formula(clip):
     loss2, _ = value_loss(v2, old, ret, mask, normaliser=normaliser, clip=clip)
     loss2.backward()
     assert torch.isfinite(v.grad).all() and (v.grad[mask == 0] == 0).all()
-    assert float(loss2) == pytest.approx(float(loss))
+    assert float(loss2.detach()) == pytest.approx(float(loss.detach()))
 
 
 def test_value_loss_of_two_halves_sums_to_the_whole():
@@ -144,3 +144,58 @@ def test_explained_variance_against_numpy():
     v = np.concatenate([x[m > 0].numpy() for x, m in zip(vals, masks)]).astype(np.float64)
     assert explained_variance(vals, rets, masks) == pytest.approx(1 - np.var(r - v) / np.var(r), rel=1e-9)
     assert math.isnan(explained_variance([torch.zeros(5)], [torch.ones(5)], [torch.ones(5)]))
+
+
+def _trajs(seed: int):
+    from inference.trajectory import Trajectory
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(6):
+        n = int(torch.randint(10, 20, (1,), generator=g))
+        mask = [0] * 3 + [1] * (n - 3)
+        mask[6:8] = [0, 0]
+        out.append(Trajectory(role="proposer" if i < 2 else "solver", group_id=f"g{i % 2}", token_ids=list(range(n)),
+                              loss_mask=mask, logprobs=[0.0] * n, reward=float(torch.randn((), generator=g))))
+    return out
+
+
+@pytest.mark.parametrize("kl_coef", [0.0, 0.2])
+def test_role_advantages_mix_estimators_and_put_the_kl_in_gae_rewards(kl_coef):
+    """Proposer gae, solver grpo: only the gae role reads values (the other gets None) and returns; with
+    --kl_in_reward its token rewards are -coef * (old - ref) plus the outcome on the last sampled token."""
+    from training.advantages import compute_advantages, role_advantages
+    from training.config import AlgoArgs, CriticArgs
+
+    trajs = _trajs(1)
+    g = torch.Generator().manual_seed(2)
+    old = [torch.randn(len(t.token_ids), generator=g) for t in trajs]
+    ref = [o + 0.1 * torch.randn(o.shape, generator=g) for o in old]
+    values = [torch.randn(len(t.token_ids), generator=g) if t.role == "proposer" else None for t in trajs]
+    algo = AlgoArgs(proposer_estimator="gae", solver_estimator="grpo")
+    critic = CriticArgs(gae_gamma=0.9, gae_lambda=0.8, kl_in_reward=kl_coef)
+    adv, rets, _ = role_advantages(trajs, algo, critic, values=values, old=old, ref=ref, all_reduce=lambda x: None)
+    pro = [i for i, t in enumerate(trajs) if t.role == "proposer"]
+    raw = []
+    for i in pro:
+        m = trajs[i].loss_mask
+        last = max(k for k in range(len(m)) if m[k])
+        r = [(-kl_coef * float(old[i][k] - ref[i][k]) if m[k] else 0.0) + (trajs[i].reward if k == last else 0.0)
+             for k in range(len(m))]
+        a, ret = _loop_gae(r, values[i], m, 0.9, 0.8)
+        raw.append(a)
+        assert rets[i].tolist() == pytest.approx(ret, abs=1e-5)
+    flat = np.concatenate([np.array(a)[np.array(trajs[i].loss_mask) > 0] for a, i in zip(raw, pro)])
+    for a, i in zip(raw, pro):
+        m = np.array(trajs[i].loss_mask) > 0
+        want = np.where(m, (np.array(a) - flat.mean()) / (flat.std(ddof=1) + 1e-6), 0.0)
+        assert adv[i].numpy() == pytest.approx(want, abs=1e-4)
+    sol = [i for i, t in enumerate(trajs) if t.role == "solver"]
+    assert all(rets[i] is None for i in sol)
+    width = max(len(trajs[i].token_ids) for i in sol)
+    mask = torch.zeros(len(sol), width)
+    for j, i in enumerate(sol):
+        mask[j, :len(trajs[i].loss_mask)] = torch.tensor(trajs[i].loss_mask, dtype=torch.float32)
+    want = compute_advantages("grpo", rewards=torch.tensor([trajs[i].reward for i in sol]), loss_mask=mask,
+                              group_ids=[trajs[i].group_id for i in sol])
+    for j, i in enumerate(sol):
+        assert torch.equal(adv[i], want.advantages[j, :len(trajs[i].token_ids)])

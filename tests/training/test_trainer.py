@@ -190,6 +190,16 @@ def test_gae_with_a_critic_trains_and_resumes_exactly(workdir, tiny_model_dir):
     assert "score.weight" in c1 and any((c1[k] - c2[k]).abs().max() > 0 for k in c1)
     w0, w1 = _weights(tiny_model_dir), _weights(ck / "hf")
     assert all((w0[k] - w1[k]).abs().max() == 0 for k in w0)          # --critic_warmup 1: the actor waited
+    # the memory plan's disk figure for the critic (its optimizer, frozen weights, --export_critic) against the save
+    from training import memory_plan as mp
+    from training.config import Config
+    cfg, raw = Config(), json.loads((a / "config.json").read_text())
+    for group, values in raw.items():
+        for k, v in values.items():
+            setattr(getattr(cfg, group), k, v)
+    want = mp.checkpoint_disk(cfg, 2)["critic"]
+    got = sum(f.stat().st_size for d in ("critic", "critic_hf") for f in (ck / d).rglob("*") if f.is_file())
+    assert want > 0 and abs(got / want - 1) < 0.005, (got, want)          # measured 0.03% apart
     rc = _torchrun(args(b), workdir / "gae_b1.log", SSP_FAULT="after_generate:1")
     assert rc != 0 and "SSP_FAULT: killing rank" in (workdir / "gae_b1.log").read_text()
     rc = _torchrun(args(b), workdir / "gae_b2.log")
