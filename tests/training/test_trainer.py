@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from utils.dist import free_port
 
@@ -211,3 +212,31 @@ def test_gae_with_a_critic_trains_and_resumes_exactly(workdir, tiny_model_dir):
     for sub in ("hf", "critic_hf"):
         wa, wb = _weights(a / "checkpoints/step_000002" / sub), _weights(b / "checkpoints/step_000002" / sub)
         assert all((wa[k] - wb[k]).abs().max() == 0 for k in wa), sub
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_gae_options_top_layers_kl_in_reward_epochs_and_sequential(workdir, tiny_model_dir):
+    """One rank, both roles on gae: --critic_train_top_layers 1 trains only the critic's top layer, final norm
+    and head; --kl_in_reward puts the KL in the rewards (the reference is built, the loss carries none);
+    2 PPO epochs x 2 mini-batches give the critic 4 optimizer steps a step (sequential roles, the actor more)."""
+    out = workdir / "gae_opts"
+    args = _args(workdir, tiny_model_dir, out) + [
+        "--rollout_engine", "hf", "--proposer_estimator", "gae", "--solver_estimator", "gae",
+        "--critic_train_top_layers", "1", "--kl_in_reward", "0.05", "--ppo_epochs", "2", "--ppo_mini_batches", "2",
+        "--update_mode", "sequential", "--critic_lr", "1e-3", "--export_critic", "true", "--export_hf", "false"]
+    args[args.index("--total_steps") + 1] = "2"
+    args[args.index("--save_every") + 1] = "2"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1", "--master_port", str(free_port()), *args]
+    with (workdir / "gae_opts.log").open("w") as f:
+        rc = subprocess.run(cmd, cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT, timeout=500).returncode
+    assert rc == 0, (workdir / "gae_opts.log").read_text()[-4000:]
+    for m in _metrics(out).values():
+        assert m["critic/optimizer_steps"] == 4 and m["actor/optimizer_steps"] >= 4, m
+        assert m["actor/ref_kl"] > 0 and m["actor/kl_loss"] == 0, m
+        assert m["train/proposer_tokens"] > 0 and m["train/solver_tokens"] > 0, m
+    w0, wc = _weights(tiny_model_dir), _weights(out / "checkpoints/step_000002/critic_hf")
+    frozen = [k for k in wc if k.startswith(("model.layers.0.", "model.embed_tokens"))]
+    trained = [k for k in wc if k.startswith(("model.layers.1.", "model.norm", "score."))]
+    assert frozen and all(torch.equal(wc[k], w0[k]) for k in frozen)
+    assert all(not torch.equal(wc[k], w0[k]) for k in trained if k in w0) and "score.weight" in trained
