@@ -11,7 +11,8 @@ tests/training/test_critic.py); the engine parts below them.
 The value model follows veRL's critic: `AutoModelForTokenClassification` with one label over the
 actor's start (or --critic_model_path), dropout off. Its `score` head is an nn.Linear(hidden, 1)
 with a bias, initialised as transformers initialises a new head (weight ~ N(0,
-initializer_range), bias 0), which is what veRL and OpenRLHF get from the same class. Values are
+initializer_range), bias 0): what veRL's critic gets from the same class (DeepSpeed-Chat's and
+OpenRLHF's heads are the same Linear without the bias). Values are
 aligned like log-probs: v[i] is the head on hidden state i-1, the state in which token i was
 sampled (veRL's `values[:, -response_length - 1:-1]`); the first token of a sequence gets 0.
 """
@@ -52,8 +53,10 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         v_clip = old + clamp(v - old, -clip, clip)
         loss   = 0.5 * agg(max((v - R)^2, (v_clip - R)^2))  over sampled tokens
 
-    normalised by `normaliser`, the same global count as the policy loss (training/loss.py), so this
-    micro-batch's loss is its share of the step's loss. clip <= 0 turns the clipping off.
+    normalised by `normaliser`, a global count of the same kind as the policy loss's (training/loss.py:
+    --loss_agg's tokens or sequences, summed over micro-batches and ranks; the critic's counts only the
+    trajectories of gae roles, the ones it trains on), so this micro-batch's loss is its share of the
+    step's loss. clip <= 0 turns the clipping off.
     Metrics: critic/value_loss (this micro-batch's share), critic/vf_clipfrac (share of sampled tokens
     where the clipped term is the larger), critic/values_mean, critic/num_tokens."""
     from training.loss import AGG_MODES, _aggregate, _segments
