@@ -50,6 +50,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -374,6 +375,29 @@ def question_em(examples: Path, sources: tuple) -> dict[str, float]:
     return {r["id"]: float(r["em"]) for r in rows if r["data_source"] in sources}
 
 
+_YEAR = re.compile(r"\b1\d{3}\b|\b20\d{2}\b")
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+
+
+def answer_habits(examples: Path) -> dict[str, float]:
+    """Shares, in %, read off eval.py's examples.jsonl on the reading and two-hop held-out sets:
+    year_before_docs: "what year" reading questions whose response names a year (not in the question) before its
+        first <information> block, i.e. states an answer before reading any evidence;
+    repeated_think: responses with two identical consecutive <think> blocks (a loop);
+    cut_at_max_tokens: responses that ran out of tokens before an answer."""
+    rows = [json.loads(x) for x in examples.read_text().splitlines() if x.strip()]
+    for r in rows:
+        r.setdefault("question", ""), r.setdefault("response", "")
+    years = [r for r in rows if r["data_source"] == "reading_heldout" and "what year" in r["question"].lower()]
+    pre = sum(any(y not in r["question"] for y in _YEAR.findall(r["response"].split("<information>")[0])) for r in years)
+    rt = [r for r in rows if r["data_source"] in ("reading_heldout", "twohop_heldout")]
+    loops = sum(any(a.strip() == b.strip() for a, b in zip(th, th[1:])) for th in (_THINK.findall(r["response"]) for r in rt))
+    cut = sum(r.get("stop_reason") == "max_tokens" for r in rt)
+    pct = (lambda k, n: 100 * k / n if n else NAN)
+    return {"year_before_docs": pct(pre, len(years)), "repeated_think": pct(loops, len(rt)),
+            "cut_at_max_tokens": pct(cut, len(rt))}
+
+
 def paired_bootstrap(a: list[dict[str, float]], b: list[dict[str, float]], n_boot: int = 10000,
                      seed: int = 0) -> tuple[float, float, float]:
     """Paired bootstrap over questions of mean(a) - mean(b), in points: a and b hold one {id: EM} per seed, each
@@ -435,6 +459,15 @@ def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tupl
             v = [x for x in v if not math.isnan(x)]
             vals.append(_f(statistics.mean(v), ".3f") if v else "-")
         rows.append([label] + vals)
+    folders = {"SFT": [out / "eval_sft"], "rung 2": [out / f"seed{s}" / f"eval_step{m2}" for s in seeds],
+               "rung 3": [out / f"distill_seed{s}" / f"eval_step{last3}" for s in seeds]}
+    habits = {k: [answer_habits(f / "examples.jsonl") for f in v if (f / "examples.jsonl").exists()]
+              for k, v in folders.items()}
+    for key, label in (("year_before_docs", "year stated before any document, % ('what year' reading questions)"),
+                       ("repeated_think", "repeated <think> loop, % (reading + two-hop)"),
+                       ("cut_at_max_tokens", "cut at max tokens, % (reading + two-hop)")):
+        vals = {k: _f(statistics.mean(h[key] for h in v)) if v else "-" for k, v in habits.items()}
+        rows.append([label, vals["SFT"]] + ["-"] * (len(cols) - 3) + [vals["rung 2"], vals["rung 3"]])
     rows.append(["training minutes (median over seeds)"] + ["-"] * (len(cols) - 2) + [f"{wall2 / 60:.1f}", f"{wall3 / 60:.1f}"])
     table = md_table(["held-out set: EM % / title baseline %"] + [c for c, _ in cols], rows)
     a_ok = None if math.isnan(pooled_std) else over > 2 * pooled_std
@@ -464,7 +497,9 @@ def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tupl
             "learning_distill.ssp_equal_wall_step": m2, "learning_distill.ssp_equal_wall_step_needed": n_equal,
             "learning_distill.teacher_time_share": _num(teacher_share, 3),
             "learning_distill.wall_minutes": {"distill": round(wall3 / 60, 2), "ssp": round(wall2 / 60, 2)},
-            "learning_distill.ood_gain": _num(ood_gain, 3), "learning_distill.ood_seed_std": _num(ood_std, 3)}
+            "learning_distill.ood_gain": _num(ood_gain, 3), "learning_distill.ood_seed_std": _num(ood_std, 3),
+            "learning_distill.answer_habits": {k: {h: _num(statistics.mean(x[h] for x in v)) for h in v[0]}
+                                               for k, v in habits.items() if v}}
     return keys, md
 
 

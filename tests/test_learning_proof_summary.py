@@ -293,3 +293,22 @@ def test_equal_wall_milestone_counts_the_teacher_share():
     # no teacher time (a run without distillation): the same step count
     plain = {"1": {"metrics": [{"step": s, "timing_s/step": 30.0} for s in range(1, 11)]}}
     assert learning_proof.equal_wall_milestone(plain, 10, [10, 15])[:2] == (10, 10)
+
+
+def test_answer_habits_read_off_the_responses(tmp_path):
+    """A year named before the first document (and not in the question) counts; one inside the question or after
+    the documents does not; a loop is two identical consecutive thoughts; max_tokens stops are counted."""
+    rows = [
+        {"data_source": "reading_heldout", "question": "X was founded in what year?", "stop_reason": "answer",
+         "response": "<think> X was founded in 1999. </think> <search> X 1999 </search> <information>...</information>"},
+        {"data_source": "reading_heldout", "question": "Y won in 1950 and was built in what year?", "stop_reason": "answer",
+         "response": "<search> Y 1950 </search> <information>built 1901</information> <answer> 1901 </answer>"},
+        {"data_source": "reading_heldout", "question": "Where is Z?", "stop_reason": "max_tokens",
+         "response": "<think> Z 1800 </think> <think> a </think> <think> a </think>"},
+        {"data_source": "twohop_heldout", "question": "Q?", "stop_reason": "answer",
+         "response": "<think> a </think> <think> b </think> <answer> c </answer>"},
+        {"data_source": "capitals", "question": "in what year?", "stop_reason": "max_tokens",
+         "response": "<think> 1999 </think> <think> 1999 </think>"}]
+    (tmp_path / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h = learning_proof.answer_habits(tmp_path / "examples.jsonl")
+    assert h == {"year_before_docs": 50.0, "repeated_think": 25.0, "cut_at_max_tokens": 25.0}
