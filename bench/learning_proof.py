@@ -50,6 +50,7 @@ import argparse
 import json
 import math
 import os
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -353,13 +354,17 @@ def rl_seconds(metrics: list[dict], upto: int) -> float:
     return sum(r.get("timing_s/step", 0.0) for r in metrics if r["step"] <= upto)
 
 
-def equal_wall_milestone(ssp: dict, ssp_steps: list[int], wall3: float) -> tuple[int, float, int]:
-    """-> (the rung-2 milestone whose median training wall time over seeds is nearest rung 3's, that wall time,
-    the rung-2 step count that would equal rung 3's wall time at rung 2's median seconds per step)."""
-    walls = {m: statistics.median(rl_seconds(r["metrics"], m) for r in ssp.values()) for m in ssp_steps}
-    m = min(ssp_steps, key=lambda k: abs(walls[k] - wall3))
-    per_step = statistics.median(rl_seconds(r["metrics"], ssp_steps[0]) / ssp_steps[0] for r in ssp.values())
-    return m, walls[m], max(1, round(wall3 / per_step)) if per_step else ssp_steps[-1]
+def equal_wall_milestone(distill: dict, last3: int, ssp_steps: list[int]) -> tuple[int, int, float]:
+    """-> (the rung-2 milestone nearest n_equal, n_equal, the teacher's share of rung 3's training time).
+    n_equal: the rung-2 steps that rung 3's training wall time buys, last3 x W3 / (W3 - T3), with W3 the
+    summed timing_s/step and T3 the summed timing_s/teacher of rung 3 to step last3 (medians over seeds): a
+    rung-3 step without its teacher forward is a rung-2 step. Measured inside rung 3's own runs, so it holds
+    when rung 2 ran on another day or beside other load, where comparing the two rungs' clocks would not."""
+    w3 = statistics.median(rl_seconds(r["metrics"], last3) for r in distill.values())
+    t3 = statistics.median(sum(q.get("timing_s/teacher", 0.0) for q in r["metrics"] if q["step"] <= last3)
+                           for r in distill.values())
+    n_equal = max(1, round(last3 * w3 / (w3 - t3))) if w3 > t3 else last3
+    return min(ssp_steps, key=lambda m: (abs(m - n_equal), -m)), n_equal, (t3 / w3 if w3 else NAN)
 
 
 def question_em(examples: Path, sources: tuple) -> dict[str, float]:
@@ -368,6 +373,29 @@ def question_em(examples: Path, sources: tuple) -> dict[str, float]:
         sys.exit(f"learning_proof.py: {examples} is missing (eval.py writes it beside results.json); re-run that eval")
     rows = (json.loads(x) for x in examples.read_text().splitlines() if x.strip())
     return {r["id"]: float(r["em"]) for r in rows if r["data_source"] in sources}
+
+
+_YEAR = re.compile(r"\b1\d{3}\b|\b20\d{2}\b")
+_THINK = re.compile(r"<think>(.*?)</think>", re.S)
+
+
+def answer_habits(examples: Path) -> dict[str, float]:
+    """Shares, in %, read off eval.py's examples.jsonl on the reading and two-hop held-out sets:
+    year_before_docs: "what year" reading questions whose response names a year (not in the question) before its
+        first <information> block, i.e. states an answer before reading any evidence;
+    repeated_think: responses with two identical consecutive <think> blocks (a loop);
+    cut_at_max_tokens: responses that ran out of tokens before an answer."""
+    rows = [json.loads(x) for x in examples.read_text().splitlines() if x.strip()]
+    for r in rows:
+        r.setdefault("question", ""), r.setdefault("response", "")
+    years = [r for r in rows if r["data_source"] == "reading_heldout" and "what year" in r["question"].lower()]
+    pre = sum(any(y not in r["question"] for y in _YEAR.findall(r["response"].split("<information>")[0])) for r in years)
+    rt = [r for r in rows if r["data_source"] in ("reading_heldout", "twohop_heldout")]
+    loops = sum(any(a.strip() == b.strip() for a, b in zip(th, th[1:])) for th in (_THINK.findall(r["response"]) for r in rt))
+    cut = sum(r.get("stop_reason") == "max_tokens" for r in rt)
+    pct = (lambda k, n: 100 * k / n if n else NAN)
+    return {"year_before_docs": pct(pre, len(years)), "repeated_think": pct(loops, len(rt)),
+            "cut_at_max_tokens": pct(cut, len(rt))}
 
 
 def paired_bootstrap(a: list[dict[str, float]], b: list[dict[str, float]], n_boot: int = 10000,
@@ -390,7 +418,8 @@ def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tupl
     last3 = d_steps[-1]
     walls3 = {s: rl_seconds(r["metrics"], last3) for s, r in d_runs.items()}
     wall3 = statistics.median(walls3.values())
-    m2, wall2, n_equal = equal_wall_milestone(s_runs, s_steps, wall3)
+    m2, n_equal, teacher_share = equal_wall_milestone(d_runs, last3, s_steps)
+    wall2 = statistics.median(rl_seconds(r["metrics"], m2) for r in s_runs.values())
     fin3 = [d_runs[s]["evals"][last3] for s in seeds]
     fin2 = [s_runs[s]["evals"][m2] for s in seeds]
     read0, ood0 = pooled(sft), pooled(sft, sources=OOD_SOURCES)
@@ -430,16 +459,28 @@ def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tupl
             v = [x for x in v if not math.isnan(x)]
             vals.append(_f(statistics.mean(v), ".3f") if v else "-")
         rows.append([label] + vals)
+    folders = {"SFT": [out / "eval_sft"], "rung 2": [out / f"seed{s}" / f"eval_step{m2}" for s in seeds],
+               "rung 3": [out / f"distill_seed{s}" / f"eval_step{last3}" for s in seeds]}
+    habits = {k: [answer_habits(f / "examples.jsonl") for f in v if (f / "examples.jsonl").exists()]
+              for k, v in folders.items()}
+    for key, label in (("year_before_docs", "year stated before any document, % ('what year' reading questions)"),
+                       ("repeated_think", "repeated <think> loop, % (reading + two-hop)"),
+                       ("cut_at_max_tokens", "cut at max tokens, % (reading + two-hop)")):
+        vals = {k: _f(statistics.mean(h[key] for h in v)) if v else "-" for k, v in habits.items()}
+        rows.append([label, vals["SFT"]] + ["-"] * (len(cols) - 3) + [vals["rung 2"], vals["rung 3"]])
     rows.append(["training minutes (median over seeds)"] + ["-"] * (len(cols) - 2) + [f"{wall2 / 60:.1f}", f"{wall3 / 60:.1f}"])
     table = md_table(["held-out set: EM % / title baseline %"] + [c for c, _ in cols], rows)
     a_ok = None if math.isnan(pooled_std) else over > 2 * pooled_std
     ood_ok = None if math.isnan(ood_std) else ood_gain > 2 * ood_std
-    md = (f"Rung 3 against rung 2 at equal training wall time (the sum of timing_s/step; the teacher forward makes a "
-          f"rung-3 step dearer, so rung 2 is read at the milestone whose median training time over seeds is nearest "
-          f"rung 3's). Rung 3: {wall3 / 60:.1f} min to step {last3} (median over seeds; "
-          f"{', '.join(f'seed {s} {w / 60:.1f}' for s, w in walls3.items())}); rung 2 at step {m2}: {wall2 / 60:.1f} min"
-          f" (equal wall time would be step {n_equal} at rung 2's median seconds per step"
-          f"{'' if n_equal == m2 else '; that milestone was not run: re-run rung 2 with STEPS ending in it'}). "
+    md = (f"Rung 3 against rung 2 at equal training wall time. The teacher forward makes a rung-3 step dearer; "
+          f"it took {_f(100 * teacher_share)}% of rung 3's training time (timing_s/teacher over timing_s/step, median "
+          f"over seeds), so rung 3's {last3} steps cost what {n_equal} rung-2 steps cost, and rung 2 is read at its "
+          f"milestone nearest that, step {m2}"
+          f"{'' if n_equal == m2 else f' (step {n_equal} was not run: re-run rung 2 with STEPS ending in {n_equal})'}. "
+          f"Training clocks as measured (the sum of timing_s/step, median over seeds; they compare only where both "
+          f"rungs ran on one quiet machine): rung 3 {wall3 / 60:.1f} min to step {last3} "
+          f"({', '.join(f'seed {s} {w / 60:.1f}' for s, w in walls3.items())}), rung 2 {wall2 / 60:.1f} min to step "
+          f"{m2}. "
           f"Means over seeds {', '.join(seeds)}; each cell is EM % / that model's own title baseline %.\n\n{table}\n\n"
           f"- reading gain from SFT: rung 3 {_f(statistics.mean(g3), '+.2f')} (seed std {_f(sd(g3), '.2f')}), rung 2 at "
           f"step {m2} {_f(statistics.mean(g2), '+.2f')} (seed std {_f(sd(g2), '.2f')}).\n"
@@ -454,8 +495,11 @@ def distill_section(out: Path, seeds: list[str], sft: dict, rungs: dict) -> tupl
             "learning_distill.gain_over_ssp_ci95": [round(lo, 3), round(hi, 3)],
             "learning_distill.gain_over_ssp_pooled_std": _num(pooled_std, 3),
             "learning_distill.ssp_equal_wall_step": m2, "learning_distill.ssp_equal_wall_step_needed": n_equal,
+            "learning_distill.teacher_time_share": _num(teacher_share, 3),
             "learning_distill.wall_minutes": {"distill": round(wall3 / 60, 2), "ssp": round(wall2 / 60, 2)},
-            "learning_distill.ood_gain": _num(ood_gain, 3), "learning_distill.ood_seed_std": _num(ood_std, 3)}
+            "learning_distill.ood_gain": _num(ood_gain, 3), "learning_distill.ood_seed_std": _num(ood_std, 3),
+            "learning_distill.answer_habits": {k: {h: _num(statistics.mean(x[h] for x in v)) for h in v[0]}
+                                               for k, v in habits.items() if v}}
     return keys, md
 
 

@@ -221,9 +221,10 @@ def test_nothing_asked_is_refused(tmp_path):
         learning_proof.main(["--out", str(tmp_path), "--seeds", "1"])
 
 
-def _timed_metrics(run, steps, secs):
-    """Training-step lines with timing_s/step = secs and a distill/kl column."""
+def _timed_metrics(run, steps, secs, teacher=0.0):
+    """Training-step lines with timing_s/step = secs (timing_s/teacher of it) and a distill/kl column."""
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "game/valid_rate": 0.5, "timing_s/step": secs,
+                                                           "timing_s/teacher": teacher,
                                                            "distill/kl": 0.1, "solver/fresh_trajs": 2.0,
                                                            "solver/fresh_correct": 1.0}) + "\n"
                                                for s in range(1, steps + 1)))
@@ -238,8 +239,9 @@ def _examples(path, n_correct, n=20):
 
 
 def test_rung3_against_rung2_at_equal_wall_time_with_a_paired_bootstrap(tmp_path, results):
-    """Rung 3 steps cost 20 s, rung 2's 10 s: rung 3's 4 steps (80 s) meet rung 2's step-4 milestone (40 s) as the
-    nearest run, and equal wall time would need step 8 (said so). Rung 3 answers 2 more of the 20 reading
+    """Rung 3 steps cost 20 s, 10 s of them the teacher: rung 3's 4 steps buy 8 rung-2 steps; step 4 is rung 2's
+    nearest milestone (and the report says step 8 was not run). Rung 2's own clock (10 s a step) is reported,
+    not used. Rung 3 answers 2 more of the 20 reading
     questions than rung 2 on every seed: +10 points; the bootstrap's distribution is 5 x Binomial(20, 0.1) points,
     so its 2.5% and 97.5% points are 0 and 25 exactly (P(B = 0) = 0.12, P(B <= 4) = 0.957, P(B <= 5) = 0.989)."""
     out = tmp_path / "lp"
@@ -247,7 +249,7 @@ def test_rung3_against_rung2_at_equal_wall_time_with_a_paired_bootstrap(tmp_path
     _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, prefix="distill_seed", rl="rl_distill", ev="eval_distill_step")
     for s in ("1", "2", "3"):
         _timed_metrics(out / f"seed{s}", 4, 10.0)
-        _timed_metrics(out / f"distill_seed{s}", 4, 20.0)
+        _timed_metrics(out / f"distill_seed{s}", 4, 20.0, teacher=10.0)
         _examples(out / f"seed{s}" / "eval_step4", 6)
         _examples(out / f"distill_seed{s}" / "eval_step4", 8)
     png = tmp_path / "three.png"
@@ -263,12 +265,13 @@ def test_rung3_against_rung2_at_equal_wall_time_with_a_paired_bootstrap(tmp_path
     assert keys["learning_distill.gain_over_ssp_ci95"] == [0.0, 25.0]
     assert keys["learning_distill.ssp_equal_wall_step"] == 4 and keys["learning_distill.ssp_equal_wall_step_needed"] == 8
     assert keys["learning_distill.wall_minutes"] == {"distill": round(80 / 60, 2), "ssp": round(40 / 60, 2)}
+    assert keys["learning_distill.teacher_time_share"] == 0.5
     # capitals (SFT 20%) is the only out-of-distribution set here
     o3 = [40 - 20, 38 - 20, 42 - 20]
     assert keys["learning_distill.ood_gain"] == pytest.approx(statistics.mean(o3), abs=1e-3)
     assert keys["learning_distill.ood_seed_std"] == pytest.approx(statistics.stdev(o3), abs=1e-3)
     md = (results / "RESULTS.md").read_text()
-    assert "## learning_distill_vs_ssp" in md and "Rung 3" in md and "would be step 8" in md
+    assert "## learning_distill_vs_ssp" in md and "Rung 3" in md and "step 8 was not run" in md
     assert "paired bootstrap over the 20 reading-score questions" in md and "[+0.00, +25.00]" in md
     assert "target gain over rung 2 > 2 x pooled std **met**" in md
     assert png.stat().st_size > 10_000
@@ -279,3 +282,33 @@ def test_paired_bootstrap_of_identical_rungs_is_zero_and_ids_must_match():
     assert learning_proof.paired_bootstrap(a, a) == (0.0, 0.0, 0.0)
     with pytest.raises(ValueError, match="share no question"):
         learning_proof.paired_bootstrap([{"q1": 1.0}], [{"q2": 1.0}])
+
+
+def test_equal_wall_milestone_counts_the_teacher_share():
+    """A rung-3 step of 30 s with a 10 s teacher: 10 rung-3 steps buy 15 rung-2 steps; the nearest milestone wins."""
+    rows = [{"step": s, "timing_s/step": 30.0, "timing_s/teacher": 10.0} for s in range(1, 11)]
+    runs = {"1": {"metrics": rows}}
+    assert learning_proof.equal_wall_milestone(runs, 10, [10, 14]) == (14, 15, pytest.approx(1 / 3))
+    assert learning_proof.equal_wall_milestone(runs, 10, [10, 15, 20])[:2] == (15, 15)
+    # no teacher time (a run without distillation): the same step count
+    plain = {"1": {"metrics": [{"step": s, "timing_s/step": 30.0} for s in range(1, 11)]}}
+    assert learning_proof.equal_wall_milestone(plain, 10, [10, 15])[:2] == (10, 10)
+
+
+def test_answer_habits_read_off_the_responses(tmp_path):
+    """A year named before the first document (and not in the question) counts; one inside the question or after
+    the documents does not; a loop is two identical consecutive thoughts; max_tokens stops are counted."""
+    rows = [
+        {"data_source": "reading_heldout", "question": "X was founded in what year?", "stop_reason": "answer",
+         "response": "<think> X was founded in 1999. </think> <search> X 1999 </search> <information>...</information>"},
+        {"data_source": "reading_heldout", "question": "Y won in 1950 and was built in what year?", "stop_reason": "answer",
+         "response": "<search> Y 1950 </search> <information>built 1901</information> <answer> 1901 </answer>"},
+        {"data_source": "reading_heldout", "question": "Where is Z?", "stop_reason": "max_tokens",
+         "response": "<think> Z 1800 </think> <think> a </think> <think> a </think>"},
+        {"data_source": "twohop_heldout", "question": "Q?", "stop_reason": "answer",
+         "response": "<think> a </think> <think> b </think> <answer> c </answer>"},
+        {"data_source": "capitals", "question": "in what year?", "stop_reason": "max_tokens",
+         "response": "<think> 1999 </think> <think> 1999 </think>"}]
+    (tmp_path / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    h = learning_proof.answer_habits(tmp_path / "examples.jsonl")
+    assert h == {"year_before_docs": 50.0, "repeated_think": 25.0, "cut_at_max_tokens": 25.0}
