@@ -9,11 +9,11 @@ Phases (the optimizer never steps: engine.step only records the accumulated grad
 phase sees the same weights):
   teacher   forward_topk on the teacher sequences (another prompt, then the student's response) gives
             the reference's top-K ids and log-probs at each loss-masked position, zero rows elsewhere
-  term      accumulate() of beta x the top-K term alone: per-token KL and the gradient of every
-            parameter == the reference's, over the whole batch (normaliser: all masked tokens, as the
-            policy loss's); the teacher rows off the loss mask are poisoned (NaN, id -1) and
-            must change nothing. With K = V the per-token KL is also checked against the full-vocabulary
-            KL(p_S || q_T).
+  term      accumulate() of beta x the top-K term alone, the trajectories packed in reverse order:
+            per-token KL and the gradient of every parameter == the reference's, over the whole batch
+            (normaliser: all masked tokens, as the policy loss's); the teacher rows off the loss mask
+            are poisoned (NaN, id -1) and must change nothing. With K = V the per-token KL is also
+            checked against the full-vocabulary KL(p_S || q_T).
   update    ppo_update's accumulated gradient: distill None, TopKTerm at beta 0 (== None to 1e-6) and at
             BETA (minus None == BETA x the reference term's gradient); distill/kl == the reference's mean.
 """
@@ -139,8 +139,8 @@ def main() -> None:
     (sum(kl_graph[i][masks[i]].sum() for i in seqs) * BETA / n_all).backward()
     g_term_ref = {n: p.grad.clone() for n, p in ref.named_parameters()}
     term = TopKTerm(mine, teacher, BETA, TEMP)
-    sub = list(range(len(mine)))
-    mbs, n_real = pack_equal(mine, BUDGET, term.per_token(sub))
+    sub = list(reversed(range(len(mine))))      # packed in another order: head_extra must map mb -> sub -> mine
+    mbs, n_real = pack_equal([mine[j] for j in sub], BUDGET, term.per_token(sub))
     normaliser = D.all_reduce_sum([sum(count_normaliser(mb.tensors["loss_mask"]) for mb in mbs)])[0]
     assert normaliser == n_all, (normaliser, n_all)
     kls = []
@@ -156,7 +156,7 @@ def main() -> None:
     err["term_grad_rel_err"] = rel_err(g_term, g_term_ref)
     res["term_grad_norm"] = sum(float(g.double().pow(2).sum()) for g in g_term_ref.values()) ** 0.5
     kl_err = off_mask = full_err = 0.0
-    for j, kl in enumerate(unpack_to_sequences(mbs[:n_real], kls[:n_real], len(mine))):
+    for j, kl in zip(sub, unpack_to_sequences(mbs[:n_real], kls[:n_real], len(mine))):
         i = mine_idx[j]
         use = torch.tensor(trajs[i].loss_mask, dtype=torch.bool) & (i in seqs)
         off_mask = max(off_mask, float(kl[~use].abs().max()))
