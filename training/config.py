@@ -164,7 +164,8 @@ class AlgoArgs:
                             "tokens at each sampled position (both renormalised there) to the loss, advantages unchanged",
                      choices=("off", "sampled", "topk"))
     distill_topk: int = F(16, "K of --distill topk: the teacher's top-K tokens per position the KL sums over; "
-                              "K = the vocabulary size gives the exact full-vocabulary reverse KL")
+                              "K = the vocabulary size gives the exact full-vocabulary reverse KL (memory: the "
+                              "teacher's ids and log-probs take 12 x K bytes per solver token until the update)")
     distill_coef: float = F(0.1, "beta: weight of the per-token teacher term, at step 0 (--distill_schedule decays it)")
     distill_schedule: str = F("constant", "beta over --total_steps: constant, or a linear/cosine decay to "
                                           "--distill_coef_floor", choices=("constant", "linear", "cosine"))

@@ -154,6 +154,10 @@ def forward_topk(engine, trajs: Sequence[Trajectory], k: int, temperature: float
     from training.update import pack_equal
 
     model = engine.module
+    vocab = model.get_output_embeddings().out_features
+    if not 1 <= k <= vocab:     # the same on every rank: all raise
+        raise ValueError(f"--distill_topk {k} must be in [1, {vocab}] (the lm_head's vocabulary; K = {vocab} is the "
+                         f"exact full-vocabulary reverse KL)")
     was_training = model.training
     model.eval()
     mbs, n_real = pack_equal(trajs, micro_token_budget)

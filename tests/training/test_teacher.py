@@ -154,3 +154,16 @@ def test_topk_teacher_rows_line_up_with_the_students_tokens(tok, tiny_model_dir)
     flags = term.per_token([2, 0])["distill_teacher"]
     assert torch.equal(flags[0], torch.zeros(len(qa.token_ids)))
     assert torch.equal(flags[1], torch.ones(n)) and term.k == k
+
+
+def test_forward_topk_refuses_k_beyond_the_vocabulary(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from training.teacher import forward_topk
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    v = model.get_output_embeddings().out_features
+    for k in (0, v + 1):
+        with pytest.raises(ValueError, match=rf"--distill_topk {k} must be in \[1, {v}\]"):
+            forward_topk(SimpleNamespace(module=model, device="cpu"), [], k, 1.0, 256)
