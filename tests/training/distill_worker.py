@@ -15,11 +15,13 @@ phase sees the same weights):
             are poisoned (NaN, id -1) and must change nothing. With K = V the per-token KL is also
             checked against the full-vocabulary KL(p_S || q_T).
   update    ppo_update's accumulated gradient: distill None, TopKTerm at beta 0 (== None to 1e-6) and at
-            BETA (minus None == BETA x the reference term's gradient); distill/kl == the reference's mean.
+            BETA (minus None == BETA x the reference term's gradient); distill/kl == the reference's mean,
+            also over sequential roles x 2 epochs x 2 mini-batches (steps with no covered token included).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -189,6 +191,16 @@ def main() -> None:
     res["off_grad_max_abs"] = max(float(g_off[n].abs().max()) for n in g_off)
     err["update_term_rel_err"] = rel_err({n: g_beta[n] - g_off[n] for n in g_off}, g_term_ref)
     res["update_metrics"] = {n: {k2: v for k2, v in m.items() if k2.startswith("distill/")} for n, m in metrics.items()}
+    # sequential roles, 2 epochs x 2 mini-batches; the trajectories without a teacher play the proposer, so
+    # some optimizer steps hold no covered token (and rank 1 of 2 only dummies). The weights never move,
+    # so distill/kl, the mean over every update micro-batch, is still the reference's mean.
+    roles = [dataclasses.replace(t, role="proposer") if i in NO_TEACHER else t for i, t in zip(mine_idx, mine)]
+    algo = AlgoArgs(clip_low=0.2, clip_high=0.28, entropy_coef=0.0, update_mode="sequential", ppo_epochs=2,
+                    ppo_mini_batches=2)
+    m, n_steps, n_skipped = ppo_update(engine, roles, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None,
+                                       algo, temperature=TEMP, micro_token_budget=BUDGET,
+                                       distill=TopKTerm(roles, teacher, BETA, TEMP))
+    res["sequential"] = {"optimizer_steps": n_steps, "skipped": n_skipped, "distill/kl": m["distill/kl"]}
     for key, v in err.items():
         res[key] = D.all_reduce_max(v)
     if rank == 0:

@@ -72,6 +72,9 @@ def test_topk_term_and_its_gradient_match_plain_torch(small_vocab_model, tmp_pat
     for name in ("zero", "beta"):    # one optimizer step at unchanged weights: the reference's mean KL
         assert m[name]["distill/kl"] == pytest.approx(res["kl_ref_mean"], rel=1e-5), (name, m, res["kl_ref_mean"])
     assert m["zero"]["distill/kl_loss"] == 0.0 and m["beta"]["distill/kl_loss"] > 0, m
+    seq = res["sequential"]   # proposer steps without a covered token, 2 epochs x 2 mini-batches
+    assert seq["optimizer_steps"] > 4 and seq["skipped"] == 0, seq
+    assert seq["distill/kl"] == pytest.approx(res["kl_ref_mean"], rel=1e-5), (seq, res["kl_ref_mean"])
 
 
 def test_topk_with_k_equal_vocab_is_the_full_reverse_kl(small_vocab_model, tmp_path):
