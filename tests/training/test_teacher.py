@@ -167,3 +167,34 @@ def test_forward_topk_refuses_k_beyond_the_vocabulary(tiny_model_dir):
     for k in (0, v + 1):
         with pytest.raises(ValueError, match=rf"--distill_topk {k} must be in \[1, {v}\]"):
             forward_topk(SimpleNamespace(module=model, device="cpu"), [], k, 1.0, 256)
+
+
+def test_topk_term_loss_covers_masked_teacher_tokens_only_and_skips_nonfinite():
+    """TopKTerm.add_loss on one packed micro-batch of two sequences (the second without a teacher):
+    beta x the covered tokens' KL over the normaliser; NaN off the covered tokens changes nothing;
+    NaN on a covered token turns the micro-batch into policy_loss's skip (zero added, flagged)."""
+    from types import SimpleNamespace
+
+    t1 = Trajectory("solver", "g", [1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0] * 5, prompt_len=1)
+    t2 = Trajectory("solver", "g", [1, 2, 3], [0, 1, 1], [0.0] * 3, prompt_len=1)
+    term = TopKTerm([t1, t2], [(torch.zeros(5, 3, dtype=torch.long), torch.zeros(5, 3)), None], 0.25, 1.0)
+    flags = term.per_token([0, 1])["distill_teacher"]
+    mb = SimpleNamespace(tensors={"loss_mask": torch.tensor(t1.loss_mask + t2.loss_mask),
+                                  "distill_teacher": torch.cat(flags)}, cu_seqlens=torch.tensor([0, 5, 8]))
+    nan = float("nan")
+    kl = torch.tensor([nan, 0.5, 1.5, nan, 2.0, nan, 7.0, nan], requires_grad=True)   # covered: 1, 2, 4
+    base = torch.tensor(3.0, requires_grad=True)
+    loss, m = term.add_loss((base * 1.0, {"actor/nonfinite": torch.zeros(())}), mb, kl, 10.0, "token-mean")
+    assert float(loss.detach()) == pytest.approx(3.0 + 0.25 * 4.0 / 10.0) and float(m["distill/kl_loss"]) == pytest.approx(0.1)
+    loss.backward()
+    torch.testing.assert_close(kl.grad, torch.tensor([0.0, 1, 1, 0, 1, 0, 0, 0]) * 0.25 / 10.0, rtol=1e-6, atol=0)
+    assert term.metrics() == {"distill/kl": pytest.approx(4.0 / 3)}
+    kl2 = kl.detach().clone().requires_grad_(True)
+    kl2.data[2] = nan                                                                  # a covered token
+    loss, m = term.add_loss((base * 1.0, {"actor/nonfinite": torch.zeros(())}), mb, kl2, 10.0, "token-mean")
+    assert float(loss.detach()) == 3.0 and float(m["actor/nonfinite"]) == 1.0 and "distill/kl_loss" not in m
+    loss.backward()
+    assert torch.equal(kl2.grad, torch.zeros(8))
+    skipped = (base * 0.0, {"actor/nonfinite": torch.ones(()), "actor/num_tokens": torch.zeros(())})
+    assert term.add_loss(skipped, mb, kl, 10.0, "token-mean") is skipped              # policy_loss skipped it
+    assert term.metrics() == {"distill/kl": pytest.approx(4.0 / 3)}                    # nothing added since
