@@ -159,8 +159,13 @@ class AlgoArgs:
                                              "advantages are 0, and they only dilute the token-mean normaliser")
     distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
                             "each sampled token to its advantage, q_T being the same model given the proposer's "
-                            "question construction path (or the answer, --distill_hint) as privileged context",
-                     choices=("off", "sampled"))
+                            "question construction path (or the answer, --distill_hint) as privileged context; "
+                            "'topk' adds beta x the reverse KL of the student from q_T over q_T's top --distill_topk "
+                            "tokens at each sampled position (both renormalised there) to the loss, advantages unchanged",
+                     choices=("off", "sampled", "topk"))
+    distill_topk: int = F(16, "K of --distill topk: the teacher's top-K tokens per position the KL sums over; "
+                              "K = the vocabulary size gives the exact full-vocabulary reverse KL (memory: the "
+                              "teacher's ids and log-probs take 12 x K bytes per solver token until the update)")
     distill_coef: float = F(0.1, "beta: weight of the per-token teacher term, at step 0 (--distill_schedule decays it)")
     distill_schedule: str = F("constant", "beta over --total_steps: constant, or a linear/cosine decay to "
                                           "--distill_coef_floor", choices=("constant", "linear", "cosine"))
@@ -503,6 +508,8 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
                         f"0 <= floor <= coef")
         if a.distill_context_tokens < 1:
             errs.append(f"--distill_context_tokens must be >= 1, got {a.distill_context_tokens}")
+        if a.distill == "topk" and a.distill_topk < 1:
+            errs.append(f"--distill_topk must be >= 1 (the teacher's top-K tokens per position), got {a.distill_topk}")
         if not sp.solver_enable:
             errs.append(f"--distill {a.distill} trains the solver toward a teacher: it needs --solver_enable true")
         # +32: the block's blank lines and the chat template's room around it

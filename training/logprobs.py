@@ -204,6 +204,7 @@ def sequence_logprobs(
     only_masked: bool = True,
     chunk_size: int | None = None,
     varlen_sdpa: bool = True,
+    head_extra=None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (and entropy) of a packed micro-batch under an HF causal LM.
 
@@ -217,8 +218,12 @@ def sequence_logprobs(
     varlen_sdpa: for a model on "sdpa", switch it (permanently, see
       training.packing.enable_varlen_sdpa) to one causal SDPA call per sequence, which
       costs sum(L_i^2) instead of T^2; False keeps the explicit 4D block mask.
-    Returns (logprobs (T,), entropy (T,) or None), fp32, aligned to input_ids[0]
-    (see the module docstring), with the graph attached when grad is enabled.
+    head_extra: optional fn(rows, weight, bias, pos, valid) run inside the same swapped
+      lm_head forward (one ZeRO-3 gather), on the rows that predict token positions `pos`
+      (`valid`: not the keep-alive row); its result is returned third, as it is (the
+      top-K distillation term, training/teacher.py).
+    Returns (logprobs (T,), entropy (T,) or None[, head_extra's result]), fp32, aligned to
+    input_ids[0] (see the module docstring), with the graph attached when grad is enabled.
 
     ZeRO-3: the lm_head weight is partitioned outside its module's forward. We
     therefore call the lm_head *module* with its forward swapped for the chunked
@@ -226,6 +231,26 @@ def sequence_logprobs(
     weight for the forward and again for the backward, like any nn.Linear. Every
     rank must call this the same number of times (dummy micro-batches included).
     """
+    rows, pos, valid = backbone_rows(model, micro_batch, only_masked=only_masked, varlen_sdpa=varlen_sdpa)
+    head = model.get_output_embeddings()
+    ids = micro_batch.input_ids[0]
+    extra = None if head_extra is None else (lambda x, w, b: head_extra(x, w, b, pos, valid))
+    out = _call_head(head, rows, ids.index_select(0, pos), temperature, chunk_size, compute_entropy, extra)
+    lp_sel, ent_sel = out[0], out[1]
+    # Positions that are sequence starts (only the ZeRO-3 keep-alive row) are zeroed by `valid`.
+    t = micro_batch.num_tokens
+    zero = torch.zeros((), device=lp_sel.device)
+    lp = torch.zeros(t, device=lp_sel.device).index_add(0, pos, torch.where(valid, lp_sel, zero))
+    ent = None
+    if compute_entropy:
+        ent = torch.zeros(t, device=lp_sel.device).index_add(0, pos, torch.where(valid, ent_sel, zero))
+    return (lp, ent) if head_extra is None else (lp, ent, out[2])
+
+
+def backbone_rows(model: torch.nn.Module, micro_batch, *, only_masked: bool = True, varlen_sdpa: bool = True):
+    """The decoder's part of `sequence_logprobs`: (rows (P, H), pos (P,), valid (P,)), rows[j] being the
+    hidden state that predicts token position pos[j]; valid is False only on the keep-alive row (a
+    sequence start, computed so every ZeRO-3 rank calls the head). See sequence_logprobs."""
     cfg = model.config
     for attr in ("final_logit_softcapping", "logit_scale"):
         if getattr(cfg, attr, None) not in (None, 1.0):
@@ -235,34 +260,25 @@ def sequence_logprobs(
     if varlen_sdpa:
         enable_varlen_sdpa(model)
     backbone = model.base_model
-    head = model.get_output_embeddings()
     weight_dtype = next(backbone.parameters()).dtype
     kwargs = model_inputs(micro_batch, cfg._attn_implementation, weight_dtype)
     hidden = backbone(**kwargs).last_hidden_state[0]                          # (T, H)
     pos = _target_positions(micro_batch, only_masked)                         # token positions i
-    ids = micro_batch.input_ids[0]
     rows = hidden.index_select(0, (pos - 1).clamp(min=0))                     # state i-1 predicts token i
-    lp_sel, ent_sel = _call_head(head, rows, ids.index_select(0, pos), temperature, chunk_size, compute_entropy)
-    # Positions that are sequence starts (only the ZeRO-3 keep-alive row) are zeroed by the mask below.
-    valid = torch.ones_like(pos, dtype=torch.bool)
-    valid &= ~torch.isin(pos, micro_batch.cu_seqlens[:-1].long().to(pos.device))
-    t = micro_batch.num_tokens
-    zero = torch.zeros((), device=lp_sel.device)
-    lp = torch.zeros(t, device=lp_sel.device).index_add(0, pos, torch.where(valid, lp_sel, zero))
-    ent = None
-    if compute_entropy:
-        ent = torch.zeros(t, device=lp_sel.device).index_add(0, pos, torch.where(valid, ent_sel, zero))
-    return lp, ent
+    valid = ~torch.isin(pos, micro_batch.cu_seqlens[:-1].long().to(pos.device))
+    return rows, pos, valid
 
 
-def _call_head(head: torch.nn.Module, rows, targets, temperature, chunk_size, compute_entropy):
-    """Run the chunked function *as* head's forward, so module hooks (ZeRO-3 gathering) fire."""
+def _call_head(head: torch.nn.Module, rows, targets, temperature, chunk_size, compute_entropy, extra=None):
+    """Run the chunked function *as* head's forward, so module hooks (ZeRO-3 gathering) fire.
+    `extra(x, weight, bias)`, if given, runs in the same forward; its result is returned third."""
     if not isinstance(getattr(head, "weight", None), torch.Tensor):
         raise ValueError(f"output embedding {type(head).__name__} has no weight tensor; expected an nn.Linear lm_head")
 
     def fused_forward(x):
-        return chunked_logprobs_entropy(x, head.weight, targets, getattr(head, "bias", None), temperature,
-                                        chunk_size, compute_entropy)
+        bias = getattr(head, "bias", None)
+        out = chunked_logprobs_entropy(x, head.weight, targets, bias, temperature, chunk_size, compute_entropy)
+        return out if extra is None else (*out, extra(x, head.weight, bias))
 
     with forward_swapped(head, fused_forward):
         return head(rows)

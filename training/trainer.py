@@ -373,17 +373,17 @@ class SSPTrainer:
             with self._timer(times, "critic"):
                 values = step_values(self.critic, trajs, cfg.algorithm, cfg.optimisation.micro_token_budget)
         adv, returns = self.advantages(trajs, values, old, ref)
-        distill = {}
-        if cfg.algorithm.distill != "off":   # the teacher's dense term joins the solver's advantages
+        distill, term = {}, None
+        if cfg.algorithm.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
             with self._timer(times, "teacher"):
-                adv, distill = self._distill(trajs, adv, old)
+                adv, distill, term = self._distill(trajs, adv, old)
         gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
             upd = {}
             if self.critic is None or self.step >= cfg.critic.critic_warmup:  # --critic_warmup: the critic alone
                 set_lr(self.actor, cfg, self.step)
                 snap = snapshot_weights(self.actor)
-                upd = self.update(trajs, adv, old, ref)
+                upd = self.update(trajs, adv, old, ref, term)
                 upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
         if self.critic is not None:
             with self._timer(times, "critic"):
@@ -464,31 +464,35 @@ class SSPTrainer:
             all_reduce=_all_reduce_tensor)
         return adv, returns
 
-    def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict]:
-        """Self-distillation, sampled-token form (training/teacher.py): the teacher's log-probs of the
-        solver's own tokens under a privileged prompt, added with this step's beta to its advantages."""
+    def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict, object]:
+        """Self-distillation (training/teacher.py): the teacher scores the solver's own tokens under a privileged
+        prompt. sampled: its log-probs join the advantages with this step's beta; topk: its top-K make the
+        loss term (TopKTerm) that ppo_update adds, and the advantages stay."""
         from training.distill import beta_at
-        from training.teacher import apply_sampled, finish_metrics, teacher_logprobs
-        a = self.cfg.algorithm
+        from training.teacher import TopKTerm, apply_sampled, coverage_sums, finish_metrics, forward_topk, teacher_logprobs
+        a, temp = self.cfg.algorithm, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)
         engine = self.engines.ref if a.distill_teacher == "reference" else self.actor
+        fwd = ((lambda seqs: forward_topk(engine, seqs, a.distill_topk, temp, self.cfg.optimisation.micro_token_budget))
+               if a.distill == "topk" else (lambda seqs: self.forward_logprobs(engine, seqs)))
         teacher, blocks = teacher_logprobs(trajs, self.tokenizer, self.cfg.model.template, a.distill_context_tokens,
-                                           a.distill_hint, lambda seqs: self.forward_logprobs(engine, seqs))
+                                           a.distill_hint, fwd)
         for t, b in zip(trajs, blocks):
             if b is not None:
                 t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
-        adv, sums = apply_sampled(trajs, adv, old, teacher, beta)
+        term = TopKTerm(trajs, teacher, beta, temp) if a.distill == "topk" else None
+        adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
         keys = sorted(sums)
-        return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta)
+        return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta), term
 
-    def update(self, trajs, adv, old, ref) -> dict:
+    def update(self, trajs, adv, old, ref, distill=None) -> dict:
         from training.update import ppo_update
 
         o = self.cfg.optimisation
         metrics, n_steps, n_skipped = ppo_update(
             self.actor, trajs, adv, old, ref, self.cfg.algorithm, temperature=self.cfg.rollout.temperature,
-            micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step)
+            micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step, distill=distill)
         out = dict(metrics)  # per optimizer step means, tokens once (training.update.reduce_step_metrics)
         gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:

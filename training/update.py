@@ -60,24 +60,26 @@ def pack_equal(trajs, micro_token_budget: int, per_token: dict | None = None):
 
 
 def accumulate(engine, micro_batches: Sequence, loss_fn: Callable, *, temperature: float = 1.0,
-               compute_entropy: bool = False, forward: Callable | None = None) -> list[dict]:
+               compute_entropy: bool = False, forward: Callable | None = None,
+               head_extra: Callable | None = None) -> list[dict]:
     """Forward and backward every micro-batch into one accumulated gradient; no optimizer step.
 
     loss_fn(mb, logprobs, entropy) -> (loss, metrics), the loss being `mb`'s share of the global
     loss of the whole step (across micro-batches and ranks). Collective: every rank must pass the
     same number of micro-batches (pack_equal). `forward(engine, mb)` replaces the log-prob forward
     (the critic's values, training/critic.engine_values; it must run through engine(...) too) and
-    its output reaches loss_fn as `logprobs`, with entropy None."""
+    its output reaches loss_fn as `logprobs`, with entropy None. head_extra(mb), if given, returns the
+    function sequence_logprobs runs inside the lm_head's forward; its result is loss_fn's fourth argument."""
     scale = dp_world_size(engine)
     metrics = []
     for k, mb in enumerate(micro_batches):
         engine.set_gradient_accumulation_boundary(k == len(micro_batches) - 1)
         mb = mb.to(engine.device)  # loss_fn reads its advantages and old log-probs beside the log-probs
-        if forward is None:
-            lp, ent = engine_logprobs(engine, mb, temperature, compute_entropy)
+        if forward is not None:
+            loss, m = loss_fn(mb, forward(engine, mb), None)
         else:
-            lp, ent = forward(engine, mb), None
-        loss, m = loss_fn(mb, lp, ent)
+            kw = {} if head_extra is None else {"head_extra": head_extra(mb)}
+            loss, m = loss_fn(mb, *engine_logprobs(engine, mb, temperature, compute_entropy, **kw))
         engine.backward(loss * scale)
         metrics.append(m)
     return metrics
@@ -98,7 +100,7 @@ def split_mini_batches(trajs, n: int, seed: int) -> list[list[int]]:
 
 
 def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_token_budget: int,
-               seed: int = 0) -> tuple[dict[str, float], int, int]:
+               seed: int = 0, distill=None) -> tuple[dict[str, float], int, int]:
     """The clipped-surrogate update of one SSP step. Returns (this rank's metrics of the SSP step,
     see `reduce_step_metrics`; optimizer steps; of which skipped for a non-finite loss or gradient
     norm on some rank).
@@ -107,6 +109,8 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
     sequential = the proposer's step, then the solver's. `ppo_epochs` x `ppo_mini_batches`
     reuses the step's rollouts for several optimizer steps (the PPO ratio leaves 1 after the
     first, and clipping acts); the old log-probs stay those of the rollout policy.
+    distill: a training.teacher.TopKTerm (--distill topk), whose beta x top-K reverse KL joins the
+    loss of the solver's tokens with a teacher, with the policy loss's normaliser; or None.
     """
     from training.loss import count_normaliser, policy_loss
 
@@ -124,23 +128,28 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                 per_token = {"advantages": [adv[i] for i in sub], "old_logprobs": [old[i] for i in sub]}
                 if ref is not None:
                     per_token["ref_logprobs"] = [ref[i] for i in sub]
+                if distill is not None:
+                    per_token.update(distill.per_token(sub))
                 mbs, _ = pack_equal([trajs[i] for i in sub], micro_token_budget, per_token)
                 local = sum(count_normaliser(mb.tensors["loss_mask"], algo.loss_agg, mb.cu_seqlens) for mb in mbs)
                 normaliser = D.all_reduce_sum([local])[0]
                 if normaliser == 0:  # nothing sampled anywhere: the same decision on every rank
                     continue
 
-                def loss_fn(mb, lp, ent):
+                def loss_fn(mb, lp, ent, kl=None):
                     t = mb.tensors
-                    return policy_loss(
+                    out = policy_loss(
                         lp, t["old_logprobs"], t["advantages"], t["loss_mask"], normaliser=normaliser,
                         agg=algo.loss_agg, cu_seqlens=mb.cu_seqlens, clip_low=algo.clip_low,
                         clip_high=algo.clip_high, dual_clip=algo.dual_clip or None,
                         ref_logprobs=t.get("ref_logprobs"), kl_coef=algo.kl_coef, kl_estimator=algo.kl_estimator,
                         entropy=ent, entropy_coef=algo.entropy_coef, rollout_logprobs=t["rollout_logprobs"],
                         tis_cap=algo.tis_cap or None, on_nonfinite="skip")
+                    return out if distill is None else distill.add_loss(out, mb, kl, normaliser, algo.loss_agg)
 
-                mb_metrics = accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True)
+                extra = None if distill is None else (lambda mb, sub=sub: distill.head_extra(mb, sub))
+                mb_metrics = accumulate(engine, mbs, loss_fn, temperature=temperature, compute_entropy=True,
+                                        head_extra=extra)
                 steps.append((epoch, mb_metrics))
                 n_steps += 1
                 if skip_together(engine, mb_metrics):
@@ -155,7 +164,10 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                     print0(f"update: NON-FINITE gradient norm ({gn}) from finite losses; DeepSpeed skipped this "
                            "optimizer step on every rank (actor/skipped_steps; --max_nonfinite_steps stops the run "
                            "after that many in a row)")
-    return reduce_step_metrics(steps), n_steps, n_skipped
+    out = reduce_step_metrics(steps)
+    if distill is not None:
+        out.update(distill.metrics())   # collective: every rank runs it
+    return out, n_steps, n_skipped
 
 
 def reduce_step_metrics(steps: list[tuple[int, list[dict]]]) -> dict[str, float]:

@@ -51,6 +51,10 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--distill", "sampled", "--distill_coef", "0.1", "--distill_coef_floor", "0.2"], "must satisfy 0 <= floor <= coef"),
     (["--distill", "sampled", "--solver_enable", "false"], "it needs --solver_enable true"),
     (["--distill", "sampled", "--distill_context_tokens", "0"], "--distill_context_tokens must be >= 1"),
+    (["--distill", "topk", "--distill_topk", "0"], "--distill_topk must be >= 1 (the teacher's top-K tokens per position), got 0"),
+    (["--distill", "topk", "--solver_enable", "false"], "--distill topk trains the solver toward a teacher"),
+    (["--distill", "topk", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
+     "cannot hold a teacher sequence"),
     (["--distill", "sampled", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
      "cannot hold a teacher sequence"),
 ])
@@ -79,6 +83,13 @@ def test_the_reference_is_built_for_kl_or_as_the_teacher(tmp_path):
     assert not needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "sampled"]))   # the policy teaches
     assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "sampled", "--distill_teacher", "reference"]))
     assert not needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill_teacher", "reference"]))  # distill off
+    assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "topk", "--distill_teacher", "reference"]))
+
+
+def test_distill_topk_is_accepted_with_its_k(tmp_path):
+    a = parse_config(_ok_paths(tmp_path) + ["--distill", "topk", "--distill_topk", "32"]).algorithm
+    assert (a.distill, a.distill_topk) == ("topk", 32)
+    assert parse_config(_ok_paths(tmp_path)).algorithm.distill_topk == 16
 
 
 def test_missing_paths_name_the_fix(tmp_path):

@@ -8,6 +8,7 @@ which roles played and which carried loss: an untrained role's trajectories must
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -60,6 +61,10 @@ MODES = {
     # the frozen reference as the teacher: at step 1 it equals the policy, so its KL equals distill_zero's
     "distill_ref": ["--distill", "sampled", "--distill_coef", "0", "--distill_hint", "true",
                     "--distill_context_tokens", "128", "--distill_teacher", "reference"],
+    # the top-K form: the teacher's top 8 tokens per position, the reverse KL in the loss (advantages as they
+    # are; beta 0 == off is checked to 1e-6 in tests/training/test_distill_topk.py)
+    "distill_topk": ["--distill", "topk", "--distill_topk", "8", "--distill_coef", "0.5", "--distill_hint", "true",
+                     "--distill_context_tokens", "128"],
     "judge_down_tolerated": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m",
                              "--max_failed_share", "1.0"],
     "judge_down": ["--judge", "llm", "--judge_url", "{dead_url}", "--judge_model", "m", "--max_failed_share", "0.25"],
@@ -262,6 +267,20 @@ def test_self_distillation_adds_the_teachers_term_and_zero_changes_nothing(runs)
     ref = runs["distill_ref"]   # the reference teacher ran (it is built only for it: --kl_coef is 0)
     assert all(m["distill/coverage"] == 1.0 and m["timing_s/teacher"] > 0 for m in ref)
     assert ref[0]["distill/kl"] == pytest.approx(zero[0]["distill/kl"], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_topk_self_distillation_reports_its_kl_and_leaves_the_advantages(runs):
+    full, topk = runs["full"], runs["distill_topk"]
+    for m in topk:
+        assert m["distill/coverage"] == 1.0 and m["distill/with_teacher"] == m["rollout/solver_trajs"] > 0, m
+        assert m["timing_s/teacher"] > 0 and "distill/logp_gap" not in m, m   # the kl is the update's top-K KL
+        assert math.isfinite(m["distill/kl"]) and 0 < m["distill/kl"] < 50, m
+        assert m["distill/beta"] == 0.5 and m["distill/kl_loss"] > 0, m
+    a, b = full[0], topk[0]   # step 1: same seed, same games, same weights
+    assert (a["train/solver_tokens"], a["solver/acc"]) == (b["train/solver_tokens"], b["solver/acc"])
+    assert a["actor/pg_loss"] == pytest.approx(b["actor/pg_loss"], abs=1e-6)   # the advantages are left as they are
+    assert b["actor/grad_norm"] != a["actor/grad_norm"]                         # the term is in the gradient
 
 
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():

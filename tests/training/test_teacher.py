@@ -12,7 +12,8 @@ import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
 from inference.trajectory import Trajectory
-from training.teacher import apply_sampled, finish_metrics, privileged_block, teacher_logprobs, teacher_trajectory
+from training.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
+                              teacher_trajectory)
 
 QCP = {"queries": ["1900 Olympics host", "Paris river"],
        "docs": [[{"id": "1", "contents": "1900 Summer Olympics\nThe games were held in Paris."}],
@@ -113,3 +114,87 @@ def test_dense_term_on_sampled_tokens_only_and_beta_zero_is_exact(tok):
     gap = float((teacher[0][m] - student[0][m]).mean())
     assert met["distill/logp_gap"] == pytest.approx(gap) and met["distill/kl"] == pytest.approx(-gap)
     assert met["distill/coverage"] == pytest.approx(n_a / (n_a + n_b)) and met["distill/beta"] == beta
+
+
+def test_topk_teacher_rows_line_up_with_the_students_tokens(tok, tiny_model_dir):
+    """--distill topk: a forward returning (ids, log-probs) per teacher sequence (forward_topk's form) gets
+    each aligned to the student's tokens like the sampled log-probs, zero rows on the student's prompt;
+    checked against torch.topk of a plain forward on the teacher sequence built from inference/prompts.py."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32).eval()
+    k = 5
+
+    def plain_topk(ids: list[int]):
+        with torch.no_grad():
+            logp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        top = logp[:-1].topk(k, -1)
+        return (torch.cat([torch.zeros(1, k, dtype=torch.long), top.indices]),
+                torch.cat([torch.zeros(1, k), top.values]))
+
+    with_qcp, qa = solver(tok), solver(tok, qcp=None, source="qa", seed=1)
+    out, _ = teacher_logprobs([with_qcp, qa], tok, "auto", 256, False, lambda seqs: [plain_topk(s.token_ids) for s in seqs])
+    assert out[1] is None
+    tp = build_teacher_prompt(tok, QUESTION, teacher_context(tok, ["Seine"], QCP["queries"], QCP["docs"], 256), "auto")
+    want_ids, want_lps = plain_topk(tp + with_qcp.token_ids[with_qcp.prompt_len:])
+    ids, lps = out[0]
+    n, p = len(with_qcp.token_ids), with_qcp.prompt_len
+    assert ids.shape == (n, k) and lps.shape == (n, k) and ids.dtype == torch.long
+    assert not ids[:p].any() and not lps[:p].any()
+    assert torch.equal(ids[p:], want_ids[len(tp):])
+    torch.testing.assert_close(lps[p:], want_lps[len(tp):], rtol=0, atol=1e-6)
+    # the coverage sums and metrics of topk mode: no advantage change, the kl comes from the update
+    prop = Trajectory("proposer", "s0-p0", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], prompt_len=1)
+    sums = coverage_sums([with_qcp, prop, qa], [out[0], None, None])
+    n_a, n_b = float(sum(with_qcp.loss_mask)), float(sum(qa.loss_mask))
+    assert sums == {"covered": n_a, "solver_tokens": n_a + n_b, "with_teacher": 1.0}
+    met = finish_metrics(sums, 0.2)
+    assert "distill/kl" not in met and "distill/logp_gap" not in met
+    assert met["distill/coverage"] == pytest.approx(n_a / (n_a + n_b)) and met["distill/beta"] == 0.2
+    term = TopKTerm([with_qcp, prop, qa], [out[0], None, None], 0.2, 1.0)
+    flags = term.per_token([2, 0])["distill_teacher"]
+    assert torch.equal(flags[0], torch.zeros(len(qa.token_ids)))
+    assert torch.equal(flags[1], torch.ones(n)) and term.k == k
+
+
+def test_forward_topk_refuses_k_beyond_the_vocabulary(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from transformers import AutoModelForCausalLM
+
+    from training.teacher import forward_topk
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
+    v = model.get_output_embeddings().out_features
+    for k in (0, v + 1):
+        with pytest.raises(ValueError, match=rf"--distill_topk {k} must be in \[1, {v}\]"):
+            forward_topk(SimpleNamespace(module=model, device="cpu"), [], k, 1.0, 256)
+
+
+def test_topk_term_loss_covers_masked_teacher_tokens_only_and_skips_nonfinite():
+    """TopKTerm.add_loss on one packed micro-batch of two sequences (the second without a teacher):
+    beta x the covered tokens' KL over the normaliser; NaN off the covered tokens changes nothing;
+    NaN on a covered token turns the micro-batch into policy_loss's skip (zero added, flagged)."""
+    from types import SimpleNamespace
+
+    t1 = Trajectory("solver", "g", [1, 2, 3, 4, 5], [0, 1, 1, 0, 1], [0.0] * 5, prompt_len=1)
+    t2 = Trajectory("solver", "g", [1, 2, 3], [0, 1, 1], [0.0] * 3, prompt_len=1)
+    term = TopKTerm([t1, t2], [(torch.zeros(5, 3, dtype=torch.long), torch.zeros(5, 3)), None], 0.25, 1.0)
+    flags = term.per_token([0, 1])["distill_teacher"]
+    mb = SimpleNamespace(tensors={"loss_mask": torch.tensor(t1.loss_mask + t2.loss_mask),
+                                  "distill_teacher": torch.cat(flags)}, cu_seqlens=torch.tensor([0, 5, 8]))
+    nan = float("nan")
+    kl = torch.tensor([nan, 0.5, 1.5, nan, 2.0, nan, 7.0, nan], requires_grad=True)   # covered: 1, 2, 4
+    base = torch.tensor(3.0, requires_grad=True)
+    loss, m = term.add_loss((base * 1.0, {"actor/nonfinite": torch.zeros(())}), mb, kl, 10.0, "token-mean")
+    assert float(loss.detach()) == pytest.approx(3.0 + 0.25 * 4.0 / 10.0) and float(m["distill/kl_loss"]) == pytest.approx(0.1)
+    loss.backward()
+    torch.testing.assert_close(kl.grad, torch.tensor([0.0, 1, 1, 0, 1, 0, 0, 0]) * 0.25 / 10.0, rtol=1e-6, atol=0)
+    assert term.metrics() == {"distill/kl": pytest.approx(4.0 / 3)}
+    kl2 = kl.detach().clone().requires_grad_(True)
+    kl2.data[2] = nan                                                                  # a covered token
+    loss, m = term.add_loss((base * 1.0, {"actor/nonfinite": torch.zeros(())}), mb, kl2, 10.0, "token-mean")
+    assert float(loss.detach()) == 3.0 and float(m["actor/nonfinite"]) == 1.0 and "distill/kl_loss" not in m
+    loss.backward()
+    assert torch.equal(kl2.grad, torch.zeros(8))
+    skipped = (base * 0.0, {"actor/nonfinite": torch.ones(()), "actor/num_tokens": torch.zeros(())})
+    assert term.add_loss(skipped, mb, kl, 10.0, "token-mean") is skipped              # policy_loss skipped it
+    assert term.metrics() == {"distill/kl": pytest.approx(4.0 / 3)}                    # nothing added since
