@@ -61,8 +61,11 @@ from bench.report import BENCH_DIR, md_table, write_results  # noqa: E402
 
 
 def _mean_of(key):
+    """Mean of `key` over the rows that hold a finite value of it (metrics.jsonl writes an undefined metric,
+    e.g. distill/kl on a step without a teacher, as the string "nan")."""
     def f(rows):
-        vals = [r[key] for r in rows if key in r]
+        vals = [float(r[key]) for r in rows if key in r]
+        vals = [v for v in vals if not math.isnan(v)]
         return statistics.mean(vals) if vals else float("nan")
     return f
 

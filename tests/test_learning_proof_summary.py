@@ -312,3 +312,10 @@ def test_answer_habits_read_off_the_responses(tmp_path):
     (tmp_path / "examples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     h = learning_proof.answer_habits(tmp_path / "examples.jsonl")
     assert h == {"year_before_docs": 50.0, "repeated_think": 25.0, "cut_at_max_tokens": 25.0}
+
+
+def test_undefined_metrics_written_as_nan_strings_are_skipped():
+    rows = [{"distill/kl": "nan"}, {"distill/kl": 0.2}, {"distill/kl": 0.4}, {}]
+    assert learning_proof._mean_of("distill/kl")(rows) == pytest.approx(0.3)
+    import math
+    assert math.isnan(learning_proof._mean_of("distill/kl")([{"distill/kl": "nan"}]))
