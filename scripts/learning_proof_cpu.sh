@@ -157,7 +157,8 @@ ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
       stamp "$ev_stage$M" $(( $(date +%s) - t )) "$SEED"
     done
     if [ "$rung" != "5/8 rung 1" ]; then   # the dev split (training distribution) at the last milestone: settings
-      evaluate "$CKPT" "$RUN/dev_step$M" --data "$OUT/qa_dev.jsonl"   # are chosen from it, never from held-out sets
+      local last=${milestones##* }         # are chosen from it, never from held-out sets
+      evaluate "$RUN/checkpoints/step_$(printf %06d "$last")/hf" "$RUN/dev_step$last" --data "$OUT/qa_dev.jsonl"
     fi
   done
 }
