@@ -22,7 +22,7 @@
 #      bench/results.json
 #
 #   bash scripts/learning_proof_cpu.sh                       # rungs 0-3, 3 seeds (the measured run)
-#   RUNGS=3 bash scripts/learning_proof_cpu.sh && RUNGS="2 3" STEPS="10 13" bash scripts/learning_proof_cpu.sh
+#   RUNGS=3 DISTILL_COEF=0.02 bash scripts/learning_proof_cpu.sh   # another rung-3 setting: first move runs/learning_proof/distill_seed* aside
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint, so
@@ -46,7 +46,7 @@ OUT=${OUT:-runs/learning_proof}
 RUNGS=${RUNGS:-"0 1 2 3"}
 SEEDS=${SEEDS:-"1 2 3"}
 QA_STEPS=${QA_STEPS:-"10"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores; the measured run)
-STEPS=${STEPS:-"10"}           # rung 2 milestones (~75 s a step: about rung 1's wall time)
+STEPS=${STEPS:-"10 14"}        # rung 2 milestones (~75 s a step); 14: rung 3's 10 steps at equal wall time (measured)
 DISTILL_STEPS=${DISTILL_STEPS:-"10"}   # rung 3 milestones
 DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the sampled-token distillation term
 DISTILL_CONTEXT=${DISTILL_CONTEXT:-512}  # rung 3: token budget of the teacher's privileged block
