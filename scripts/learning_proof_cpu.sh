@@ -12,6 +12,9 @@
 #      held-out eval at each milestone in QA_STEPS
 #   6. rung 2, SSP, per seed: both roles trained from proposer rows (answers from the corpus), held-out
 #      eval at each milestone in STEPS
+#   5b. rung 1 with a critic (issue 23, RUNGS token 1gae), per seed: rung 1's recipe with PPO's critic and GAE
+#      (--solver_estimator gae) in place of GRPO's group baseline. The critic's forward and backward cost time,
+#      so rung 1 gets the extra steps they buy (as rung 2 against rung 3): run it before rung 1's last milestone.
 #   7. rung 3, SSP with self-distillation of the solver (issue 22), per seed: rung 2's recipe plus
 #      --distill sampled (the proposer's search path as the teacher's privileged context), held-out eval at
 #      each milestone in DISTILL_STEPS. Equal wall time with rung 2: the teacher forward costs time, so rung 2
@@ -24,6 +27,8 @@
 #   bash scripts/learning_proof_cpu.sh                       # rungs 0-3, 3 seeds (the measured run)
 #   RUNGS=3 DISTILL_COEF=0.02 bash scripts/learning_proof_cpu.sh   # another rung-3 setting: first move runs/learning_proof/distill_seed* aside
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
+#   RUNGS="1gae 1" QA_STEPS="10 N" bash scripts/learning_proof_cpu.sh   # rung 1 with a critic, then rung 1 at equal
+#                                                  # wall time (N from the critic's share, printed by the report)
 #
 # Every stage is skipped when its output exists, and train.py resumes from its last checkpoint, so
 # re-running the same line after a crash continues where it stopped. The seeds differ in the RL run
@@ -43,11 +48,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
-RUNGS=${RUNGS:-"0 1 2 3"}
+RUNGS=${RUNGS:-"0 1gae 1 2 3"}
 SEEDS=${SEEDS:-"1 2 3"}
 QA_STEPS=${QA_STEPS:-"10"}     # rung 1 milestones: held-out eval at each (~50 s a step on 2 cores; the measured run)
 STEPS=${STEPS:-"10 14"}        # rung 2 milestones (~75 s a step); 14: rung 3's 10 steps at equal wall time (measured)
 DISTILL_STEPS=${DISTILL_STEPS:-"10"}   # rung 3 milestones
+GAE_STEPS=${GAE_STEPS:-"10"}           # rung 1gae milestones
+CRITIC_LR=${CRITIC_LR:-1e-4}           # rung 1gae: the critic's LR (2x the actor's; fixed before any result)
 DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the sampled-token distillation term
 DISTILL_CONTEXT=${DISTILL_CONTEXT:-512}  # rung 3: token budget of the teacher's privileged block
 SFT_DEMOS=${SFT_DEMOS:-640}
@@ -134,6 +141,8 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
 SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
   --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
+GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
+  --critic_gradient_checkpointing false)
 DISTILL_ARGS=("${SSP_ARGS[@]}" --distill sampled --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")
 
 ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
@@ -156,12 +165,13 @@ ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
       evaluate "$CKPT" "$RUN/eval_step$M" "${HELDOUT[@]}"
       stamp "$ev_stage$M" $(( $(date +%s) - t )) "$SEED"
     done
-    if [ "$rung" != "5/8 rung 1" ]; then   # the dev split (training distribution) at the last milestone: settings
+    if [[ "$prefix" != qa* ]]; then        # the dev split (training distribution) at the last milestone: settings
       local last=${milestones##* }         # are chosen from it, never from held-out sets
       evaluate "$RUN/checkpoints/step_$(printf %06d "$last")/hf" "$RUN/dev_step$last" --data "$OUT/qa_dev.jsonl"
     fi
   done
 }
+if has_rung 1gae; then ladder "5/8 rung 1 gae" qa_gae_seed rl_qa_gae eval_qa_gae_step "$GAE_STEPS" "${GAE_ARGS[@]}"; fi
 if has_rung 1; then ladder "5/8 rung 1" qa_seed rl_qa eval_qa_step "$QA_STEPS" "${QA_ARGS[@]}"; fi
 if has_rung 3; then ladder "7/8 rung 3" distill_seed rl_distill eval_distill_step "$DISTILL_STEPS" "${DISTILL_ARGS[@]}"; fi
 if has_rung 2; then ladder "6/8 rung 2" seed rl eval_step "$STEPS" "${SSP_ARGS[@]}"; fi
@@ -172,6 +182,7 @@ PNG=$BENCH_OUT/learning_proof.png; [ "$NAME" = learning ] || PNG="$BENCH_OUT/${N
 REPORT=(--out "$OUT" --seeds $SEEDS --name "$NAME" --png "$PNG")
 has_rung 0 && REPORT+=(--passk "$PASSK")
 has_rung 1 && REPORT+=(--qa_steps $QA_STEPS)
+has_rung 1gae && REPORT+=(--qa_gae_steps $GAE_STEPS)
 has_rung 2 && REPORT+=(--steps $STEPS)
 has_rung 3 && REPORT+=(--distill_steps $DISTILL_STEPS)
 $PY bench/learning_proof.py "${REPORT[@]}"
