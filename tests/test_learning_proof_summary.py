@@ -221,10 +221,11 @@ def test_nothing_asked_is_refused(tmp_path):
         learning_proof.main(["--out", str(tmp_path), "--seeds", "1"])
 
 
-def _timed_metrics(run, steps, secs, teacher=0.0):
-    """Training-step lines with timing_s/step = secs (timing_s/teacher of it) and a distill/kl column."""
+def _timed_metrics(run, steps, secs, teacher=0.0, cost_key="timing_s/teacher"):
+    """Training-step lines with timing_s/step = secs (`cost_key`, the teacher's by default, of it) and a distill/kl
+    column."""
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "game/valid_rate": 0.5, "timing_s/step": secs,
-                                                           "timing_s/teacher": teacher,
+                                                           cost_key: teacher,
                                                            "distill/kl": 0.1, "solver/fresh_trajs": 2.0,
                                                            "solver/fresh_correct": 1.0}) + "\n"
                                                for s in range(1, steps + 1)))
@@ -319,3 +320,33 @@ def test_undefined_metrics_written_as_nan_strings_are_skipped():
     assert learning_proof._mean_of("distill/kl")(rows) == pytest.approx(0.3)
     import math
     assert math.isnan(learning_proof._mean_of("distill/kl")([{"distill/kl": "nan"}]))
+
+
+def test_critic_rung_against_rung1_at_the_step_its_critic_time_buys(tmp_path, results):
+    """Rung 1gae steps cost 20 s, 15 s of them the critic: its 4 steps buy 16 rung-1 steps, the nearest rung-1
+    milestone is step 8 (of 4 and 8), and rung 1 is read there, not at step 4 (where its EM differs). Rung 1gae answers
+    2 fewer of the 20 reading questions than rung 1 at step 8 on every seed: -10 points."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, steps=8, mid=4, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28}, prefix="qa_gae_seed", rl="rl_qa_gae", ev="eval_qa_gae_step")
+    for s in ("1", "2", "3"):
+        _timed_metrics(out / f"qa_seed{s}", 8, 5.0)
+        _timed_metrics(out / f"qa_gae_seed{s}", 4, 20.0, teacher=15.0, cost_key="timing_s/critic")
+        _examples(out / f"qa_seed{s}" / "eval_step8", 8)
+        _examples(out / f"qa_gae_seed{s}" / "eval_step4", 6)
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--qa_steps", "4", "8",
+                                "--qa_gae_steps", "2", "4", "--png", str(tmp_path / "p.png")]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    g_gae, g_qa = [30 - 12.5, 26 - 12.5, 28 - 12.5], [40 - 12.5, 38 - 12.5, 42 - 12.5]
+    assert keys["learning_qa_gae.reading_gain"] == pytest.approx(statistics.mean(g_gae), abs=1e-3)
+    assert keys["learning_qa_gae.reading_seed_std"] == pytest.approx(statistics.stdev(g_gae), abs=1e-3)
+    assert keys["learning_qa_gae.minutes_per_seed"] == pytest.approx(15 + statistics.mean([21, 22, 23]), abs=1e-2)
+    assert keys["learning_qa_gae.critic_time_share"] == 0.75
+    assert keys["learning_qa_gae.qa_equal_wall_step"] == 8 and keys["learning_qa_gae.qa_equal_wall_step_needed"] == 16
+    assert keys["learning_qa_gae.gain_over_qa"] == pytest.approx(statistics.mean(g_gae) - statistics.mean(g_qa), abs=1e-3)
+    assert keys["learning_qa_gae.gain_over_qa_ci95"] == [-25.0, 0.0]
+    assert keys["learning_qa_gae.wall_minutes"] == {"qa_gae": round(80 / 60, 2), "qa": round(40 / 60, 2)}
+    md = (results / "RESULTS.md").read_text()
+    assert "## learning_qa_gae_vs_qa" in md and "Rung 1gae against rung 1" in md
+    assert "re-run rung 1 with QA_STEPS ending in 16" in md
+    assert "target gain over rung 1 > 2 x pooled std **NOT met**" in md
