@@ -267,7 +267,7 @@ def ema_baseline(*, rewards, loss_mask, roles: Sequence[str], state: dict | None
 
 
 @register("gae")
-def gae(*, token_rewards, values, loss_mask, gamma: float = 1.0, lam: float = 0.95, whiten: bool = True,
+def gae(*, token_rewards, values, loss_mask, gamma: float = 1.0, lam: float = 1.0, whiten: bool = True,
         all_reduce: AllReduce | None = None, eps: float = 1e-6, **_) -> AdvantageOutput:
     """Generalised advantage estimation for PPO with a critic (token-level values).
 
@@ -286,9 +286,13 @@ def gae(*, token_rewards, values, loss_mask, gamma: float = 1.0, lam: float = 0.
     if not (rew.shape == val.shape == mask.shape) or mask.ndim != 2:
         raise ValueError(f"token_rewards {tuple(rew.shape)}, values {tuple(val.shape)} and loss_mask "
                          f"{tuple(mask.shape)} must all be the same (N, T)")
-    for name, x in (("token_rewards", rew), ("values", val)):
-        if not torch.isfinite(x[mask > 0]).all():
-            raise ValueError(f"non-finite {name} on sampled tokens; check the reward/critic")
+    # Every rank must agree before raising: a rank that raised alone would leave the others waiting in the
+    # whitening all-reduce below. One flag per input, summed over ranks.
+    bad = torch.tensor([float(not torch.isfinite(x[mask > 0]).all()) for x in (rew, val)], dtype=torch.float64)
+    _all_reduce_sum(bad, all_reduce)
+    for name, b in zip(("token_rewards", "values"), bad.tolist()):
+        if b:
+            raise ValueError(f"non-finite {name} on sampled tokens of {int(b)} rank(s); check the reward/critic")
     n, t_len = mask.shape
     next_value = torch.zeros(n)
     last_gae = torch.zeros(n)

@@ -199,3 +199,38 @@ def test_role_advantages_mix_estimators_and_put_the_kl_in_gae_rewards(kl_coef):
                               group_ids=[trajs[i].group_id for i in sol])
     for j, i in enumerate(sol):
         assert torch.equal(adv[i], want.advantages[j, :len(trajs[i].token_ids)])
+
+
+def test_non_finite_values_on_one_rank_raise_on_every_rank_before_the_whitening_collective():
+    """Two ranks simulated through all_reduce: rank 0's critic gave a NaN on a sampled token, rank 1's values are
+    finite. Both ranks must raise at the same collective (the flag all-reduce), so neither waits in whitening's."""
+    torch.manual_seed(0)
+    mask = torch.ones(2, 5)
+    tok = torch.zeros(2, 5)
+    tok[:, -1] = 1.0
+    vals = [torch.rand(2, 5), torch.rand(2, 5)]
+    vals[0][1, 2] = float("nan")
+    flags = [None, None]
+    for r in (0, 1):  # each rank's own flag, as it would all-reduce it (alone, only rank 0 raises)
+        calls = []
+        try:
+            gae(token_rewards=tok, values=vals[r], loss_mask=mask, all_reduce=lambda x, c=calls: c.append(x.clone()))
+        except ValueError:
+            assert r == 0
+        flags[r] = calls[0]
+    total = flags[0] + flags[1]
+    assert total.tolist() == [0.0, 1.0]
+    for r in (0, 1):
+        calls = []
+
+        def summed(x, c=calls, r=r):  # the real sum over both ranks, then whatever follows is recorded
+            c.append(x.clone())
+            if len(c) == 1:
+                x.add_(flags[1 - r])
+        with pytest.raises(ValueError, match="non-finite values on sampled tokens of 1 rank"):
+            gae(token_rewards=tok, values=vals[r], loss_mask=mask, all_reduce=summed)
+        assert len(calls) == 1  # raised at the flag collective, never reached the whitening one
+    # all finite: the flag collective is followed by whitening's, and the result is unchanged
+    calls = []
+    gae(token_rewards=tok, values=vals[1], loss_mask=mask, all_reduce=lambda x, c=calls: c.append(x.clone()))
+    assert len(calls) == 2 and calls[0].tolist() == [0.0, 0.0]
