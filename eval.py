@@ -21,7 +21,8 @@ measure the policy the trainer produces. Without --judge_url the judge column is
 match (no server). Outputs in --out_dir: results.json (protocol + metrics), results.md
 (the protocol, then a table per data source and overall), examples.jsonl (one line per
 question), config.json (the resolved flags); a folder that already holds any of them is refused
-unless --overwrite is given. `evaluate()` is the reusable part: the trainer calls it for periodic eval.
+unless --overwrite is given. The loop, the metrics and the reports live in inference/evaluate.py, which
+the trainer calls for its periodic eval; this file is the command line over it.
 
 Title heuristic (issue 21): a policy can score by answering with the title of the first retrieved
 document, so every report measures against that. Per data source: title_baseline_em (Doc 1's title of
@@ -60,271 +61,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import re
 import sys
 import time
-from collections import defaultdict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from inference.data import EvalRow, load_eval_rows
-from inference.judge import Judge, JudgeItem
-from inference.prompts import TEMPLATES, build_solver_prompt, doc_title
-from inference.self_search import build_self_search_prompt
-from inference.rewards import extract_answer
-from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from utils.text import exact_match, f1_score, normalize_answer, substring_match
+from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
+from inference.judge import Judge
+from inference.prompts import TEMPLATES
+from inference.rollout import RolloutConfig
 
-METRICS = ("em", "f1", "sub_em", "judge_acc", "turns_mean", "searches_mean", "no_answer_rate")
 # What main() writes into --out_dir. Any of them already there is refused without --overwrite; other
 # files (scripts/eval.sh tees its eval.log there first, a --judge_cache may live there) are left alone.
 OUTPUTS = ("results.json", "results.md", "examples.jsonl", "config.json")
-log = logging.getLogger("eval")
-
-
-@dataclass
-class EvalConfig:
-    rollout: RolloutConfig = field(default_factory=lambda: RolloutConfig(temperature=0.0))
-    """Greedy by default: eval numbers should not depend on a sampling seed."""
-    template: str = "auto"
-    judge: Judge = field(default_factory=Judge)
-    """Judge() = exact match only; Judge(url) adds the LLM judge for answers EM misses."""
-    batch_size: int = 64
-    """Rollouts per run_rollouts call (bounds memory; vLLM batches inside a call): batch_size // samples questions."""
-    progress: bool = True
-    samples: int = 1
-    """Rollouts per question. 1 = today's metrics; K > 1 adds pass@K / mean@K and needs temperature > 0."""
-
-    def __post_init__(self) -> None:
-        if self.samples < 1:
-            raise ValueError(f"EvalConfig.samples must be >= 1, got {self.samples}")
-        if self.samples > 1 and self.rollout.temperature <= 0:
-            raise ValueError(f"EvalConfig.samples={self.samples} with greedy rollouts (temperature 0) gives K "
-                             "identical answers; set rollout.temperature > 0")
-
-
-def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from n samples of which c are correct (Chen et al. 2021, eq. 1): 1 - C(n-c,k)/C(n,k),
-    the chance that k of the n samples drawn without replacement hold at least one correct one."""
-    if not 0 <= c <= n or not 1 <= k <= n:
-        raise ValueError(f"pass_at_k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
-    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
-
-
-def pass_ks(samples: int) -> list[int]:
-    """The k reported by pass@k_unbiased: 1, 2, 4, .. below K, and K. With n = K samples the estimator at
-    k = 1 is mean@K and at k = K is pass@K; the k between sketch the curve RL climbs."""
-    return sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i < samples} | {samples})
-
-
-SAMPLE_FIELDS = ("pred", "em", "f1", "sub_em", "judge_correct", "judge_source", "judge_failed", "turns", "searches",
-                 "stop_reason", "queries", "response", "doc_titles")
-COPY_KS = 3  # title_copy_at reports k = 1..max(COPY_KS, most docs one search returned), so tables keep their columns
-
-
-def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:
-    """One rollout's SAMPLE_FIELDS: its answer, scores and verdict."""
-    return {
-        "pred": p, "em": exact_match(p, golden), "f1": round(f1_score(p, golden), 4),
-        "sub_em": substring_match(p, golden), "judge_correct": bool(v.correct), "judge_source": v.source,
-        "judge_failed": v.judge_failed, "turns": t.num_turns, "searches": t.num_searches,
-        "stop_reason": t.stop_reason, "queries": t.info.get("queries", []), "response": t.response_text,
-        "doc_titles": [[doc_title(d) for d in docs] for docs in t.info.get("docs", [])],
-    }
-
-
-def _title_stats(r: dict, ks: int) -> dict:
-    """One sample against the "answer with a retrieved title" heuristic the policy converged on (issue 21):
-    its own first search's Doc 1 title scored as the answer, whether its prediction copies a title, and
-    whether any title it saw was right."""
-    titles, golden = r.get("doc_titles") or [], r.get("golden_answers") or []
-    pred = None if r.get("pred") is None else normalize_answer(r["pred"])
-    seen = [t for docs in titles for t in docs if normalize_answer(t)]
-    last = titles[-1] if titles else []
-    return {
-        "baseline": bool(titles and titles[0] and exact_match(titles[0][0], golden)),
-        "copy_at": [bool(pred) and k < len(last) and pred == normalize_answer(last[k]) for k in range(ks)],
-        "copy_any": bool(pred) and any(pred == normalize_answer(t) for t in seen),
-        "ceiling": any(exact_match(t, golden) for t in seen),
-    }
-
-
-def _group_metrics(recs: list[dict], samples: int = 1) -> dict:
-    """Means over questions; with samples K > 1 each per-sample field is a list of K, and the means run
-    over all n*K samples, plus pass@K, mean@K and pass@k_unbiased from the judge verdicts."""
-    n = len(recs)
-    flat = recs if samples == 1 else [{**{key: r[key][j] for key in SAMPLE_FIELDS}, "golden_answers": r.get("golden_answers")}
-                                      for r in recs for j in range(samples)]
-    m = len(flat)
-
-    def mean(key: str) -> float:
-        return round(sum(float(r[key]) for r in flat) / m, 4) if m else 0.0
-
-    out = {
-        "n": n, "em": mean("em"), "f1": mean("f1"), "sub_em": mean("sub_em"), "judge_acc": mean("judge_correct"),
-        "turns_mean": mean("turns"), "searches_mean": mean("searches"),
-        "no_answer_rate": round(sum(r["pred"] is None for r in flat) / m, 4) if m else 0.0,
-        "judge_failed": sum(bool(r["judge_failed"]) for r in flat),
-    }
-    # the title heuristic (issue 21): shares over all samples, like the means above
-    ks = max([COPY_KS] + [len(docs) for r in flat for docs in (r.get("doc_titles") or [])])
-    stats = [_title_stats(r, ks) for r in flat]
-
-    def share(flags: Sequence[bool]) -> float:
-        return round(sum(map(bool, flags)) / m, 4) if m else 0.0
-
-    searches = [int(r["searches"] or 0) for r in flat]
-    qt = [r["question_title_em"] for r in recs if r.get("question_title_em") is not None]
-    out.update({
-        "title_baseline_em": share([s["baseline"] for s in stats]),
-        "question_title_em": round(sum(map(float, qt)) / len(qt), 4) if qt else None,
-        "title_copy_at": {str(k + 1): share([s["copy_at"][k] for s in stats]) for k in range(ks)},
-        "title_copy_any": share([s["copy_any"] for s in stats]),
-        "title_ceiling": share([s["ceiling"] for s in stats]),
-        "searches_hist": {str(k): share([x == k for x in searches]) for k in sorted(set(searches))},
-    })
-    if samples > 1:
-        correct = [sum(map(bool, r["judge_correct"])) for r in recs]
-        out[f"pass@{samples}"] = round(sum(c > 0 for c in correct) / n, 4) if n else 0.0
-        out[f"mean@{samples}"] = out["judge_acc"]
-        out["pass@k_unbiased"] = {str(k): round(sum(pass_at_k(samples, c, k) for c in correct) / n, 4) if n else 0.0
-                                  for k in pass_ks(samples)}
-    return out
-
-
-def _question_title_em(search_fn: Callable | None, rows: Sequence[EvalRow], topk: int) -> list[bool | None]:
-    """The policy-free baseline: search each question's own text once (same backend and topk as the rollouts)
-    and answer Doc 1's title. None per row without a search tool, or when the backend fails (logged)."""
-    if search_fn is None:
-        return [None] * len(rows)
-    try:
-        results = search_fn([r.question for r in rows], topk)
-        if not isinstance(results, list) or len(results) != len(rows):
-            raise ValueError(f"search_fn returned {len(results) if isinstance(results, list) else results!r} "
-                             f"result lists for {len(rows)} questions")
-    except Exception as e:  # noqa: BLE001 - a baseline must not kill the eval
-        log.warning("question-title baseline: search failed for %d questions: %s: %s", len(rows), type(e).__name__, e)
-        return [None] * len(rows)
-    return [bool(docs) and bool(exact_match(doc_title(docs[0]), r.golden_answers)) for r, docs in zip(rows, results)]
-
-
-def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
-    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
-
-    overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,
-    no_answer_rate, judge_failed, the title heuristic (title_baseline_em, question_title_em,
-    title_copy_at, title_copy_any, title_ceiling, searches_hist; see markdown_report) (+ pass@K,
-    mean@K, pass@k_unbiased when K > 1). examples: one dict per row, in order; with K > 1 its
-    SAMPLE_FIELDS are lists of K, in sample order; question_title_em is per row (None without search).
-    """
-    K = cfg.samples
-    examples: list[dict] = []
-    per_chunk = max(1, cfg.batch_size // K)
-    chunks = [rows[i: i + per_chunk] for i in range(0, len(rows), per_chunk)]
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(rows), desc="eval" if K == 1 else f"eval ({K} samples/q)", unit="q")
-    for chunk in chunks:
-        prompt = build_self_search_prompt if cfg.rollout.self_search else build_solver_prompt
-        # K copies of each question, side by side: run_rollouts seeds trajectory i with (seed, i, turn),
-        # so every sample of a question draws with its own seed, and each runs its own search loop.
-        reqs = [RolloutRequest("solver", f"eval-{r.id}", prompt(engine.tokenizer, r.question, cfg.template),
-                               question=r.question, answer=r.golden_answers) for r in chunk for _ in range(K)]
-        trajs = run_rollouts(engine, reqs, search_fn, cfg.rollout)
-        preds = [extract_answer(t.response_text) for t in trajs]
-        verdicts = cfg.judge.judge_many([JudgeItem(q.question, q.answer, p) for q, p in zip(reqs, preds)])
-        recs = [_sample_record(q.answer, t, p, v) for q, t, p, v in zip(reqs, trajs, preds, verdicts)]
-        qt = _question_title_em(search_fn, chunk, cfg.rollout.topk)
-        for i, r in enumerate(chunk):
-            mine = recs[i * K: (i + 1) * K]
-            fields = mine[0] if K == 1 else {key: [s[key] for s in mine] for key in SAMPLE_FIELDS}
-            examples.append({"id": r.id, "data_source": r.data_source, "question": r.question,
-                             "golden_answers": r.golden_answers, **fields, "question_title_em": qt[i]})
-        if bar is not None:
-            bar.update(len(chunk))
-    if bar is not None:
-        bar.close()
-    by_src: dict[str, list[dict]] = defaultdict(list)
-    for e in examples:
-        by_src[e["data_source"]].append(e)
-    return {
-        "overall": _group_metrics(examples, K),
-        "per_source": {src: _group_metrics(recs, K) for src, recs in sorted(by_src.items())},
-        "examples": examples,
-        "samples": K,
-    }
-
-
-# ---- reports ---------------------------------------------------------------------------------
-
-def protocol_lines(protocol: dict) -> list[str]:
-    return [f"- {k}: {v}" for k, v in protocol.items()]
-
-
-def settings_dict(a: argparse.Namespace) -> dict:
-    """{setting: {"value", "source"}}: the resolved settings and where each came from (see parse_args)."""
-    return {k: {"value": getattr(a, k), "source": a.sources[k]} for k in SETTINGS if k in a.sources}
-
-
-def markdown_report(protocol: dict, result: dict, settings: dict | None = None) -> str:
-    K = result.get("samples", 1)
-    extra_head, note = "", []
-    if K > 1:
-        ks = "/".join(result["overall"]["pass@k_unbiased"])
-        extra_head = f" pass@{K} | mean@{K} | pass@k unbiased (k={ks}) |"
-        note = [f"{K} samples per question; pass@{K} = any sample correct (judge column), mean@{K} = accuracy "
-                "over all samples; EM .. no answer are means over all samples.", ""]
-    head = f"| data_source | n |{extra_head} EM | F1 | sub-EM | judge acc | turns | searches | no answer |"
-    rows = ["|---|---|" + "---|" * (3 * (K > 1)) + "---|---|---|---|---|---|---|"]
-    for name, m in list(result["per_source"].items()) + [("**overall**", result["overall"])]:
-        extra = "" if K == 1 else (f" {m[f'pass@{K}']:.3f} | {m[f'mean@{K}']:.3f} | "
-                                   + "/".join(f"{v:.3f}" for v in m["pass@k_unbiased"].values()) + " |")
-        rows.append(f"| {name} | {m['n']} |{extra} {m['em']:.3f} | {m['f1']:.3f} | {m['sub_em']:.3f} | {m['judge_acc']:.3f} "
-                    f"| {m['turns_mean']:.2f} | {m['searches_mean']:.2f} | {m['no_answer_rate']:.3f} |")
-    table = [] if not settings else ["", "| setting | value | source |", "|---|---|---|",
-                                     *(f"| {k} | {s['value']} | {s['source']} |" for k, s in settings.items())]
-    return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), *table, "", "## Results", "",
-                      *note, head, *rows, "", *title_table(result), ""])
-
-
-def hist_str(hist: dict) -> str:
-    """{"0": 0.01, "1": 0.85} -> "0:0.01 1:0.85"."""
-    return " ".join(f"{k}:{v:.2f}" for k, v in hist.items()) or "-"
-
-
-def title_table(result: dict) -> list[str]:
-    """The "## Title heuristic" section: the policy against answering with a retrieved document's title (issue 21)."""
-    groups = list(result["per_source"].items()) + [("**overall**", result["overall"])]
-    ks = list(result["overall"]["title_copy_at"])
-    rows = ["| data_source | n | EM | title baseline (own 1st search) | question-title baseline | "
-            + " | ".join(f"copy@{k}" for k in ks) + " | copy any | title ceiling | searches |",
-            "|---|---|---|---|---|" + "---|" * len(ks) + "---|---|---|"]
-    for name, m in groups:
-        qt = "-" if m.get("question_title_em") is None else f"{m['question_title_em']:.3f}"
-        rows.append(f"| {name} | {m['n']} | {m['em']:.3f} | {m['title_baseline_em']:.3f} | {qt} | "
-                    + " | ".join(f"{m['title_copy_at'].get(k, 0.0):.3f}" for k in ks)
-                    + f" | {m['title_copy_any']:.3f} | {m['title_ceiling']:.3f} | {hist_str(m['searches_hist'])} |")
-    return ["## Title heuristic", "", *rows, "",
-            "Title baseline: Doc 1's title of the rollout's own first search taken as the answer (EM); question-title "
-            "baseline: the question itself searched once with the same backend and topk, Doc 1's title as the answer "
-            "(- without a search tool); copy@k: the prediction equals the title of Doc k of the last search; copy any: "
-            "it equals any retrieved title; title ceiling: some retrieved title is a golden answer; searches: share of "
-            "rollouts per number of searches."]
-
-
-def write_outputs(out_dir: Path, protocol: dict, result: dict, settings: dict | None = None) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    summary = {"protocol": protocol, **({"settings": settings} if settings else {}), "overall": result["overall"],
-               "per_source": result["per_source"]}
-    (out_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
-    (out_dir / "results.md").write_text(markdown_report(protocol, result, settings))
-    with open(out_dir / "examples.jsonl", "w", encoding="utf-8") as f:
-        for e in result["examples"]:
-            f.write(json.dumps(e, ensure_ascii=False) + "\n")
 
 
 # ---- the run's rollout protocol ---------------------------------------------------------------
@@ -394,6 +146,11 @@ def settings_table(a: argparse.Namespace) -> str:
     head = f"Settings (run config: {a.run_config or 'none'}):"
     return "\n".join([head, f"  {'setting':<{w[0]}}  {'value':<{w[1]}}  source"]
                      + [f"  {k:<{w[0]}}  {v:<{w[1]}}  {s}" for k, v, s in rows])
+
+
+def settings_dict(a: argparse.Namespace) -> dict:
+    """{setting: {"value", "source"}}: the resolved settings and where each came from (see parse_args)."""
+    return {k: {"value": getattr(a, k), "source": a.sources[k]} for k in SETTINGS if k in a.sources}
 
 
 # ---- command line ------------------------------------------------------------------------------

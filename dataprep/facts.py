@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterable
 
-from training.coldstart_data import sentences, strip_parens
+from dataprep.clues import sentences, strip_parens
 from utils.text import normalize_answer
 
 INFO_TAG_TOKENS = 12  # "\n\n<information>" + "</information>\n\n" in SmolLM2's tokenizer: 11; one spare

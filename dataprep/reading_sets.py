@@ -1,6 +1,6 @@
 """Training rows, cold-start demos and held-out sets that copying a title cannot pass.
 
-    python -m dataprep.reading_sets            # after scripts/prepare_data.py and python -m training.coldstart_data
+    python -m dataprep.reading_sets            # after scripts/prepare_data.py and python -m dataprep.coldstart
     python -m dataprep.reading_sets --force    # rebuild
 
 Reads the corpus facts of dataprep/facts.py and writes (all under data/, git-ignored, each file
@@ -18,7 +18,7 @@ written whole or not at all; the same inputs and --seed give byte-identical file
                                     title and proposer demos of coldstart.jsonl, shuffled together
 
 Held-out rows carry "entities" (the entity asked about; for a chain, its start and its bridge), and
-training rows and demos carry theirs too: the leak check (training/coldstart_data.py EvalIndex) bans
+training rows and demos carry theirs too: the leak check (dataprep/leak_check.py EvalIndex) bans
 every held-out entity from being a training row's entity or answer, on top of its question checks.
 A chain's entity is its start; its final fact (bridge, relation) is never also a training question. Facts that restate an
 older eval row (a capital asked of the same country, either way round) are dropped.
@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from dataprep.facts import BRIDGE_NP, Chain, Fact, chains, corpus_facts, read_corpus
-from training.coldstart_data import (EvalIndex, check_no_leak, load_eval_files, read_jsonl, sentences, strip_parens,
-                                     validate_demo, write_jsonl_atomic)
+from dataprep.clues import sentences, strip_parens
+from dataprep.coldstart import read_jsonl, validate_demo, write_jsonl_atomic
+from dataprep.leak_check import EvalIndex, check_no_leak, load_eval_files
 from utils.text import normalize_answer
 
 NAMED_RELATIONS = {"capital", "largest_city", "official_language", "located_in", "capital_of", "founded_by",
@@ -145,7 +146,7 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
     old_pairs = [(f" {normalize_answer(r.question)} ", {normalize_answer(a) for a in r.golden_answers}) for r in old_eval]
 
     def clean(f: Fact, count: bool = True) -> bool:
-        """A training fact must not overlap an older eval set (training/coldstart_data.py EvalIndex) nor restate one."""
+        """A training fact must not overlap an older eval set (dataprep/leak_check.py EvalIndex) nor restate one."""
         row = {"question": f.question, "answer": [f.answer]}
         if old_idx.overlaps(row) or restates_eval(f, old_pairs):
             stats["training fact dropped: overlaps an older eval set"] += count
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     for what, f in need.items():
         if not f.exists():
             p.error(f"{what} {f} is missing: run `python scripts/prepare_data.py`, build the BM25 index and "
-                    "`python -m training.coldstart_data` first")
+                    "`python -m dataprep.coldstart` first")
     t0 = time.time()
     from transformers import AutoTokenizer
 

@@ -2,7 +2,7 @@
 # The SFT cold start of SmolLM2-135M-Instruct on multi-turn search demonstrations, shared by the
 # CPU demo (scripts/demo_cpu.sh) and the CPU learning proof (scripts/learning_proof_cpu.sh), so
 # both start self-play from a model made the same way:
-#   1. the cold-start demos, data/train/coldstart.jsonl (python -m training.coldstart_data; built once,
+#   1. the cold-start demos, data/train/coldstart.jsonl (python -m dataprep.coldstart; built once,
 #      together with the held-out eval set data/eval/wiki_desc_heldout.jsonl), and their leak check
 #      against every eval set, said out loud
 #   2. training/sft.py on the first SFT_DEMOS of them -> HF export at SFT_DIR/hf (train.py --model_path,
@@ -47,7 +47,7 @@ if [ -f data/train/coldstart.jsonl ] && [ -f data/eval/wiki_desc_heldout.jsonl ]
   echo "-- cold-start demos: reusing data/train/coldstart.jsonl"
 else
   echo "-- cold-start demos: writing data/train/coldstart.jsonl (searches run against the BM25 index; once)"
-  $PY -m training.coldstart_data --out data/train/coldstart.jsonl
+  $PY -m dataprep.coldstart --out data/train/coldstart.jsonl
 fi
 # reading and two-hop rows, their held-out sets, and the demo mix (coldstart_mix.jsonl; once, ~15 s)
 $PY -m dataprep.reading_sets
@@ -55,7 +55,7 @@ if hf_export_done "$SFT_DIR/hf"; then
   echo "-- SFT cold start: skipped, $SFT_DIR/hf already holds an HF export (delete $SFT_DIR to redo it)"
   exit 0
 fi
-$PY -m training.coldstart_data --check "$COLDSTART"   # the leak check, said out loud
+$PY -m dataprep.coldstart --check "$COLDSTART"   # the leak check, said out loud
 
 echo "-- SFT: $SFT_DEMOS demos, batch $SFT_BATCH, lr $SFT_LR, top $SFT_TOP_LAYERS layers, $DTYPE -> $SFT_DIR/hf" \
   "(log: $SFT_DIR.log)"

@@ -1,5 +1,5 @@
 """eval.py end to end: the real CLI on a slice of the bundled sets, with a real BM25 index; and the
-in-process path the trainer reuses (`evaluate`), checked against a recomputation from its examples."""
+in-process path the trainer reuses (inference/evaluate.py), checked against a recomputation from its examples."""
 
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def test_cli_in_process_hf_engine_no_search(tiny_model_dir, tmp_path):
 
 
 def test_evaluate_groups_by_source(tiny_model_dir):
-    from eval import EvalConfig, evaluate
+    from inference.evaluate import EvalConfig, evaluate
     from inference.data import EvalRow
     from inference.hf_engine import HFEngine
     from inference.rollout import RolloutConfig
@@ -159,7 +159,7 @@ def test_pass_at_k_by_hand_and_by_enumeration():
     import itertools
     import random
 
-    from eval import pass_at_k, pass_ks
+    from inference.evaluate import pass_at_k, pass_ks
 
     assert pass_at_k(5, 2, 1) == pytest.approx(0.4)                 # c/n
     assert pass_at_k(5, 2, 2) == pytest.approx(1 - 3 / 10)           # C(3,2)/C(5,2)
@@ -181,7 +181,7 @@ def test_pass_at_k_by_hand_and_by_enumeration():
 def test_group_metrics_pass_and_mean_by_hand():
     """Three questions, K = 4, correct 0/4, 1/4 and 3/4: pass@4 = 2/3, mean@4 = 4/12; the other metrics
     run over all 12 samples."""
-    from eval import SAMPLE_FIELDS, _group_metrics
+    from inference.evaluate import SAMPLE_FIELDS, _group_metrics
 
     def q(correct: list[bool]) -> dict:
         rec = {key: [None] * 4 for key in SAMPLE_FIELDS}
@@ -199,7 +199,7 @@ def test_group_metrics_pass_and_mean_by_hand():
 
 
 def test_evaluate_config_refuses_greedy_samples():
-    from eval import EvalConfig
+    from inference.evaluate import EvalConfig
     from inference.rollout import RolloutConfig
 
     with pytest.raises(ValueError, match="temperature"):
@@ -256,7 +256,7 @@ def test_cli_samples_pass_at_k_hf_engine(tiny_model_dir, tmp_path, capsys):
 def test_evaluate_samples_run_their_own_search_loops(tiny_model_dir):
     """Every sample is its own multi-turn rollout: a search backend sees each sample's queries, and one
     sample's documents never land in another's sequence. A stub engine searches on turn 0, then answers."""
-    from eval import EvalConfig, evaluate
+    from inference.evaluate import EvalConfig, evaluate
     from inference.data import EvalRow
     from inference.engines import GenOutput
     from inference.rollout import RolloutConfig

@@ -1,5 +1,5 @@
-"""eval.py's title-heuristic fields (issue 21) on hand-built records: the policy converged on answering with
-the title of the first retrieved document, so every report measures against that."""
+"""The title-heuristic fields of eval.py's reports (inference/evaluate.py; issue 21) on hand-built records: the
+policy converged on answering with the title of the first retrieved document, so every report measures against that."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from eval import SAMPLE_FIELDS, _group_metrics, _question_title_em, _sample_record, doc_title, markdown_report
+from inference.evaluate import SAMPLE_FIELDS, _group_metrics, _question_title_em, _sample_record, markdown_report
+from inference.prompts import doc_title
 
 
 def rec(golden, pred, titles, qt=None, **extra) -> dict:

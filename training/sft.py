@@ -11,7 +11,7 @@ by the rollout loop's own mask rule: each demonstration is rendered into exactly
 token sequence a rollout would build (`render_demo`), with the retrieved documents
 cut to --max_info_tokens like a rollout cuts them.
 
-Demonstrations come from `python -m training.coldstart_data` (one JSON per line):
+Demonstrations come from `python -m dataprep.coldstart` (one JSON per line):
   {"role": "solver"|"proposer", "question" | "answer" (+ "n_searches"),
    "turns": [{"kind": "model", "text": "... </search>"}, {"kind": "info", "docs": [...]}, ...]}
 
@@ -42,7 +42,7 @@ from training.config import F, Config, ConfigError, DeepSpeedArgs, LogArgs, Mode
 
 @dataclass
 class SFTArgs:
-    data: str = F("data/train/coldstart.jsonl", "demonstrations (JSONL) from `python -m training.coldstart_data`")
+    data: str = F("data/train/coldstart.jsonl", "demonstrations (JSONL) from `python -m dataprep.coldstart`")
     epochs: int = F(1, "passes over the demonstrations")
     batch_size: int = F(32, "demonstrations per optimizer step, global across ranks (a multiple of the world size)")
     max_demos: int = F(0, "use only the first N demonstrations after the seeded shuffle (0 = all)")
@@ -76,7 +76,7 @@ def parse_sft_args(argv: list[str] | None = None) -> tuple[Config, SFTArgs]:
 def validate_sft(cfg: Config, sft: SFTArgs, world_size: int | None = None) -> None:
     errs = []
     if not Path(sft.data).exists():
-        errs.append(f"--data {sft.data} does not exist; build it with `python -m training.coldstart_data`")
+        errs.append(f"--data {sft.data} does not exist; build it with `python -m dataprep.coldstart`")
     errs += model_path_errors(cfg.model.model_path)
     if sft.epochs < 1 or sft.batch_size < 1:
         errs.append(f"--epochs and --batch_size must be >= 1 (got {sft.epochs}, {sft.batch_size})")

@@ -546,8 +546,8 @@ class SSPTrainer:
                                  if t.info.get("teacher_context") else ""))
 
     def evaluate(self) -> dict:
-        """Held-out solver eval with eval.py's code, on this rank's share of the rows; results all-reduced."""
-        from eval import EvalConfig, evaluate
+        """Held-out solver eval with inference/evaluate.py (eval.py's loop) on this rank's rows; results all-reduced."""
+        from inference.evaluate import EvalConfig, evaluate
         from inference.rollout import RolloutConfig
         r = self.cfg.rollout
         self.hybrid.to_generate()

@@ -14,7 +14,8 @@ import pytest
 
 from dataprep import facts as F
 from dataprep.reading_sets import build, quote, title_demo_think
-from training.coldstart_data import EvalIndex, check_no_leak, validate_demo
+from dataprep.coldstart import validate_demo
+from dataprep.leak_check import EvalIndex, check_no_leak
 from utils.text import normalize_answer
 
 SYL = ["kor", "lum", "ven", "tar", "mis", "dal", "ron", "pel", "sav", "quin", "bre", "zol"]

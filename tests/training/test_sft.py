@@ -146,4 +146,4 @@ def test_sft_refuses_missing_data(tmp_path, tiny_model_dir):
     r = subprocess.run([sys.executable, str(ROOT / "training" / "sft.py"), "--data", str(tmp_path / "nope.jsonl"),
                         "--model_path", str(tiny_model_dir), "--output_dir", str(tmp_path / "o")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr and "coldstart_data" in r.stderr
+    assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr and "dataprep.coldstart" in r.stderr

@@ -1,8 +1,8 @@
 """Cold-start SFT demonstrations for both roles, with real retrieval results in the information blocks.
 
-    python -m training.coldstart_data                                   # defaults: 1500 solver + 800 proposer
-    python -m training.coldstart_data --solver_n 200 --proposer_n 100 --out /tmp/cs.jsonl
-    python -m training.coldstart_data --check data/train/coldstart.jsonl   # only run the leak check on a file
+    python -m dataprep.coldstart                                   # defaults: 1500 solver + 800 proposer
+    python -m dataprep.coldstart --solver_n 200 --proposer_n 100 --out /tmp/cs.jsonl
+    python -m dataprep.coldstart --check data/train/coldstart.jsonl   # only run the leak check on a file
 
 A 135M model rarely writes a well-formed <search>/<answer>/<question> turn on its own, so RL from
 scratch spends its first steps on format. A short SFT on these demos teaches the tag protocol first.
@@ -37,8 +37,9 @@ Sources:
 
 Every dropped candidate is counted by (role, source, reason); the counts are printed at the end.
 
-Leak check: nothing of the eval sets may be trained on. Candidates are filtered up front, and the
-final set goes through check_no_leak, which raises LeakError on any overlap (see its docstring).
+Leak check (dataprep/leak_check.py): nothing of the eval sets may be trained on. Candidates are
+filtered up front, and the final set goes through check_no_leak, which raises LeakError on any overlap.
+The clues and the questions written from them are read off the article text by dataprep/clues.py.
 """
 
 from __future__ import annotations
@@ -53,150 +54,26 @@ import sys
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
+from dataprep.clues import STOPWORDS, article_clues, clue_query, compose_question, desc_phrase, shorter_query, strip_parens
+from dataprep.leak_check import EvalIndex, LeakError, check_no_leak, load_eval_files
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from inference.filters import FilterConfig, check_question
 from training.config import RolloutArgs, SelfPlayArgs
-from utils.text import as_answer_list, contains_answer, normalize_answer
+from utils.text import normalize_answer
 
 TOPK = 3
 BATCH = 128            # queries per retriever call
-MIN_PHRASE_WORDS = 3   # containment check: eval questions this long or longer (normalised words)
 SEARCH_DONE_TAIL = "</search>"
 RETRY_THINK = "<think> No document fits; try fewer words. </think>\n"
 PROPOSER_SOURCE = "wiki_extract"
 # The RL game's search range: a question needs >= min_searches distinct searches, and a rollout of
 # max_turns turns has room for max_turns - 1 searches before the question (clamp_search_turns).
 RL_MIN_SEARCHES, RL_MAX_TURNS = SelfPlayArgs.min_searches, RolloutArgs.max_turns
-MAX_CLUE_WORDS = 16    # a longer clue is cut at its first clause break, or skipped: short questions for a 135M model
-_STOP = set("a an the of in on at by for and or to from with as is was are were that which who whom whose "
-            "what when where why how its their his her this these those be been".split())
-
-
-class LeakError(ValueError):
-    """Demos overlap the eval sets."""
-
-
-# ------------------------------------------------------------------ leak check
-def _eval_fields(row: Any) -> tuple[str, list[str], str]:
-    """(question, golden answers, label) of an EvalRow or a plain dict row."""
-    if isinstance(row, dict):
-        q, golden = row.get("question", ""), as_answer_list(row.get("golden_answers"))
-        label = f"{row.get('source_file') or row.get('data_source', '?')}:{row.get('id', '?')}"
-    else:
-        q, golden = row.question, list(row.golden_answers)
-        label = f"{row.meta.get('source_file') or row.data_source}:{row.id}"
-    return str(q), golden, label
-
-
-class EvalIndex:
-    """Normalised eval questions and answers, for O(1) equality look-ups and the containment scan."""
-
-    def __init__(self, eval_rows: Iterable[Any]):
-        self.questions: dict[str, tuple[str, str]] = {}   # norm question -> (label, question)
-        self.answers: dict[str, tuple[str, str]] = {}     # norm answer -> (label, question)
-        # Rows that name their entities (the reading and two-hop sets, dataprep/reading_sets.py) ban the
-        # entities, not the answers: their answers are years and places that many unrelated facts share.
-        self.entities: dict[str, tuple[str, str]] = {}
-        self.n_rows = 0
-        for row in eval_rows:
-            q, golden, label = _eval_fields(row)
-            self.n_rows += 1
-            self.questions.setdefault(normalize_answer(q), (label, q))
-            ents = row.get("entities") if isinstance(row, dict) else row.meta.get("entities")
-            for e in ents or []:
-                self.entities.setdefault(normalize_answer(e), (label, q))
-            for a in [] if ents else golden:
-                if normalize_answer(a):
-                    self.answers.setdefault(normalize_answer(a), (label, q))
-        # Short eval questions would match by chance inside longer text; equality still covers them.
-        self.phrases = [(f" {nq} ", lab, q) for nq, (lab, q) in self.questions.items()
-                        if len(nq.split()) >= MIN_PHRASE_WORDS]
-
-    def overlaps(self, demo: dict) -> list[str]:
-        """Why this demo overlaps the eval sets ([] if it does not)."""
-        out = []
-        q = demo.get("question") or ""
-        nq = normalize_answer(q)
-        what = "written question" if demo.get("role") == "proposer" else "question"
-        if nq in self.questions:
-            lab, eq = self.questions[nq]
-            out.append(f"{what} {q!r} equals eval question {lab} {eq!r}")
-        for a in as_answer_list(demo.get("answer")):
-            na = normalize_answer(a)
-            if na in self.answers:
-                lab, eq = self.answers[na]
-                out.append(f"answer {a!r} equals a golden answer of eval row {lab} {eq!r}")
-        for e in as_answer_list(demo.get("answer")) + list(demo.get("entities") or []):
-            if normalize_answer(e) in self.entities:
-                lab, eq = self.entities[normalize_answer(e)]
-                out.append(f"{e!r} is an entity of eval row {lab} {eq!r}")
-        if not out:  # containment: an eval question copied into the demo's question or a model turn
-            texts = [q] + [t.get("text", "") for t in demo.get("turns", []) if t.get("kind") == "model"]
-            padded = [f" {normalize_answer(t)} " for t in texts if t]
-            for phrase, lab, eq in self.phrases:
-                if any(phrase in t for t in padded):
-                    out.append(f"text contains eval question {lab} {eq!r}")
-                    break
-        return out
-
-
-def check_no_leak(demos: list[dict], eval_rows: Iterable[Any], max_examples: int = 5) -> dict:
-    """Raise LeakError if any demo overlaps an eval row; return the numbers checked otherwise.
-
-    Overlap (all on utils.text.normalize_answer forms): the demo's question (solver) or written
-    question (proposer) equals an eval question; a golden answer of the demo (solver aliases, the
-    proposer's given answer) equals an eval golden answer; or an eval question of >= 3 words
-    appears inside the demo's question or any model turn (catches copy-paste into a query or a
-    think). Retrieved docs are not checked: they are corpus text, and the corpus holds every
-    eval answer by construction (the eval sets are built to be answerable from it).
-    """
-    idx = eval_rows if isinstance(eval_rows, EvalIndex) else EvalIndex(eval_rows)
-    bad = [(i, d, r) for i, d in enumerate(demos) if (r := idx.overlaps(d))]
-    if bad:
-        lines = [f"  demo #{i} ({d.get('role')}, {d.get('source')}): {'; '.join(r)}" for i, d, r in bad[:max_examples]]
-        more = f"\n  ... and {len(bad) - max_examples} more" if len(bad) > max_examples else ""
-        raise LeakError(
-            f"leak check: {len(bad)} of {len(demos)} demos overlap the {idx.n_rows} eval rows:\n"
-            + "\n".join(lines) + more
-            + "\nDrop these demos, or rebuild with `python -m training.coldstart_data --eval <the eval files>` "
-              "so the builder filters them out up front."
-        )
-    return {"demos": len(demos), "eval_rows": idx.n_rows, "eval_questions": len(idx.questions),
-            "eval_answers": len(idx.answers), "overlaps": 0}
 
 
 # ------------------------------------------------------------------ candidates
-def strip_parens(title: str) -> str:
-    return re.sub(r"\s*\(.*?\)\s*", " ", title).strip()
-
-
-def desc_phrase(desc: str, extract: str = "") -> str:
-    """The description as a noun phrase after "the ...": a leading article dropped, the first
-    letter lower-cased unless the first word is a proper noun (capitalised mid-sentence in the
-    article's extract, e.g. "American"; or an acronym). prepare_data lower-cases always and writes
-    "the american writer"; this keeps "the American writer" but "the chemical element"."""
-    desc = re.sub(r"^(a|an|the)\s+", "", desc.strip(), flags=re.IGNORECASE)
-    first = desc.split()[0] if desc.split() else ""
-    core = re.sub(r"\W", "", first)
-    proper = bool(core) and (core.isupper() and len(core) > 1 or any(c.isupper() for c in core[1:]))
-    if not proper and core[:1].isupper():
-        toks = extract.split()
-        proper = any(re.sub(r"\W", "", toks[i]) == core and not toks[i - 1].endswith((".", "!", "?"))
-                     for i in range(1, len(toks)))
-    return desc if proper else desc[:1].lower() + desc[1:]
-
-
-def shorter_query(text: str, drop_head: bool = False) -> str:
-    """A keyword version of a query: punctuation and stopwords gone. drop_head (for descriptions)
-    also drops the leading head noun ("Family of fishes" -> "fishes"): it is the generic word
-    ("Family", "Type", "River") that BM25 finds in hundreds of articles. On a 1000-candidate
-    sample this rescued 30 of 255 first-query misses; the plain keyword version rescued none."""
-    words = [w for w in re.sub(r"[()\[\],;:?!\"]", " ", text).split() if w.lower() not in _STOP]
-    return " ".join(words[1:] if drop_head and len(words) > 2 else words)
-
-
 def wiki_candidates(wiki: dict, dropped: Counter | None = None) -> list[dict]:
     """Description questions from the wiki summaries asset (prepare_data's solver-QA filters, plus:
     a description shared by two articles, e.g. "Family of birds" (34 articles), has no single answer)."""
@@ -249,88 +126,6 @@ def fanout_candidates(dev: list[dict], eval_ids: set[str], dropped: Counter) -> 
     return out
 
 
-# ------------------------------------------------------------------ proposer clues
-_ABBREV = re.compile(r"(?:\b[A-Z]|\b(?:St|Mr|Mrs|Ms|Dr|Jr|Sr|Prof|Gen|Col|Lt|Mt|Ft|No|vs|etc|ca|c|approx))\.$")
-_COPULA = re.compile(r"^(?P<subj>\S.*?)\s(?:is|was|are|were)\s(?P<pred>\S.*)$")
-# "It is believed that ...": the "It" of such a sentence is not the answer
-_EXPLETIVE = re.compile(r"^(?:is|was|are|were|has been|had been|seems|appears)(?: \w+)? that\b")
-
-
-def sentences(text: str) -> list[str]:
-    """Sentences of an article's text, parentheticals dropped ("(born 1950)", "(ATP)"; not the
-    "(OH)" of "Al2Si2O5(OH)4"). A period after an initial or a common abbreviation ("H. P.
-    Lovecraft", "St. Louis") ends nothing."""
-    out, start = [], 0
-    for m in re.finditer(r"[.!?](?=\s+[A-Z\"'])", text):
-        if not _ABBREV.search(text[start:m.end()]):
-            out.append(text[start:m.end()])
-            start = m.end()
-    out.append(text[start:])
-    cleaned = []
-    for s in out:
-        while (t := re.sub(r"(?:^|\s+)[(\[][^()\[\]]*[)\]]", "", s)) != s:
-            s = t
-        s = re.sub(r"\s+([,;:.!?])", r"\1", " ".join(s.split()))
-        if s:
-            cleaned.append(s)
-    return cleaned
-
-
-def _clue(pred: str, answers: list[str]) -> str | None:
-    """A predicate as a clue: the final stop gone, cut at a semicolon ("a chemical element; it has
-    symbol Er ..." reads badly once joined to a second clue) and, when longer than MAX_CLUE_WORDS,
-    at the first clause break, then before a relative clause ("a French-born American industrial
-    designer who achieved fame ..."); None if still too long, a single word, or it names the answer."""
-    pred = pred.split(";")[0].strip().rstrip(".!?").strip()
-    for brk in (r",\s|:\s|\s[–—-]\s", r"\s(?=(?:who|whose|which|that|where|when)\s)"):
-        if len(pred.split()) > MAX_CLUE_WORDS:
-            pred = re.split(brk, pred, maxsplit=1)[0].strip()
-    ok = 2 <= len(pred.split()) <= MAX_CLUE_WORDS and not contains_answer(pred, answers)
-    return pred if ok else None
-
-
-def article_clues(text: str, name: str, answers: list[str]) -> list[str]:
-    """Clues about the answer, in article order, read off its article's text (title line removed).
-
-    The first is the predicate of the first sentence ("Betelgeuse is a red supergiant star in the
-    equatorial constellation of Orion." -> "a red supergiant star in the equatorial constellation
-    of Orion"); it is [] when that sentence has no short subject and copula. Later ones are the
-    predicates of sentences whose subject is the answer: a pronoun, the name, "The <name>", or the
-    name's last word, for a person's surname ("It has been contested at ..." -> "has been contested
-    at ...", "Kelly sought to ..." -> "sought to ...")."""
-    sents = sentences(text)
-    m = _COPULA.match(sents[0]) if sents else None
-    first = _clue(m.group("pred"), answers) if m and len(m.group("subj").split()) <= 12 else None
-    if first is None:
-        return []
-    words = name.split()
-    subjects = sorted({"It", "He", "She", "They", name, f"The {name}"} | ({words[-1]} if len(words) > 1 else set()),
-                      key=len, reverse=True)
-    out = [first]
-    for s in sents[1:]:
-        sub = next((x for x in subjects if s.startswith(x + " ")), None)
-        pred = s[len(sub) + 1:] if sub is not None else ""
-        if pred[:1].islower() and not _EXPLETIVE.match(pred) and (c := _clue(pred, answers)):
-            out.append(c)
-    return out
-
-
-def compose_question(clues: list[str]) -> str:
-    """"What is the name of <clue 1>?", later clues joined as "that <clue 2>, <clue 3> and <clue 4>"
-    ("and <clue 2>, ..." when clue 1 has a relative clause already: "a procedure that removes ...")."""
-    q = f"What is the name of {clues[0]}"
-    if len(clues) > 1:
-        rest = clues[1:]
-        joint = " and " if re.search(r"\b(that|which|who|whose)\b", clues[0]) else " that "
-        q += joint + (rest[0] if len(rest) == 1 else ", ".join(rest[:-1]) + " and " + rest[-1])
-    return q + "?"
-
-
-def clue_query(clue: str) -> str:
-    """The clue as the question spells it, minus a leading article: a query copied from the question."""
-    return re.sub(r"^(a|an|the)\s+", "", clue, flags=re.IGNORECASE)
-
-
 def rl_filter_config(min_searches: int = RL_MIN_SEARCHES) -> FilterConfig:
     """The cheap question filter exactly as the trainer builds it: GameConfig's defaults and --min_searches."""
     from inference.game import GameConfig
@@ -354,7 +149,7 @@ def _clean_docs(docs: list[dict]) -> list[dict]:
 
 def _words(s: str) -> set[str]:
     # "Louis XIV's" normalises to "louis xivs": keep the word without a possessive s as well
-    ws = {w for w in normalize_answer(s).split() if w not in _STOP}
+    ws = {w for w in normalize_answer(s).split() if w not in STOPWORDS}
     return ws | {w[:-1] for w in ws if w.endswith("s") and len(w) > 3}
 
 
@@ -586,18 +381,8 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
     return demos, stats
 
 
+
 # ------------------------------------------------------------------ I/O and CLI
-def load_eval_files(paths: list[Path]) -> list[Any]:
-    from inference.data import load_eval_rows
-
-    rows = []
-    for p in paths:
-        for r in load_eval_rows(p):
-            r.meta["source_file"] = Path(p).name  # so leak messages name the file
-            rows.append(r)
-    return rows
-
-
 def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
