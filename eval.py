@@ -356,7 +356,8 @@ def build_engine(a: argparse.Namespace) -> Any:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     print(settings_table(a), flush=True)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    from utils.logging import configure_logging
+    configure_logging(0)   # one process: info from the project's loggers; httpx's per-request info lines stay off
     rows: list[EvalRow] = []
     for path in a.data:
         rows += load_eval_rows(path, limit=a.limit)

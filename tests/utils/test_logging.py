@@ -97,3 +97,22 @@ def test_train_py_configures_logging_with_the_launchers_rank(monkeypatch):
     with pytest.raises(SystemExit):
         train.main(["--model_path", "/nonexistent-model"])
     assert seen == [3]
+
+
+def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path):
+    """eval.py used basicConfig at INFO on the root logger, so httpx printed a line for every judge and
+    retriever request; it now takes the same set-up as train.py, as rank 0."""
+    import eval as E
+    import utils.logging as L
+
+    class Configured(Exception):
+        pass
+
+    def stop(rank=0, stream=None):
+        raise Configured(rank)
+
+    monkeypatch.setattr(L, "configure_logging", stop)
+    (tmp_path / "m").mkdir()
+    with pytest.raises(Configured) as got:
+        E.main(["--model", str(tmp_path / "m"), "--data", str(tmp_path / "qa.jsonl"), "--out_dir", str(tmp_path / "o")])
+    assert got.value.args == (0,)
