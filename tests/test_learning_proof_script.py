@@ -26,7 +26,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     out, bench = tmp_path / "lp", tmp_path / "bench"
     bench.mkdir()
     env = {**os.environ, "OUT": str(out), "BENCH_RESULTS_DIR": str(bench), "SEEDS": "1", "QA_STEPS": "1", "STEPS": "1",
-           "RUNGS": "0 1 2 3", "DISTILL_STEPS": "1",
+           "RUNGS": "0 1gae 1 2 3", "DISTILL_STEPS": "1", "GAE_STEPS": "1",
            "SFT_DEMOS": "8", "SFT_BATCH": "8", "QA_PROMPTS": "2", "PROMPTS": "2", "SOLVER_N": "2", "PASSK": "2",
            "PASSK_LIMIT": "1", "DEV_ROWS": "4", "EVAL_LIMIT": "2",
            "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
@@ -49,6 +49,14 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     distill_cfg = json.loads((out / "distill_seed1" / "config.json").read_text())
     assert distill_cfg["algorithm"]["distill"] == "sampled" and ssp_cfg["algorithm"]["distill"] == "off"
     assert distill_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"]
+    # rung 1gae: rung 1's recipe with a critic, from the same start; its critic is timed and its shards checkpointed
+    gae_cfg = json.loads((out / "qa_gae_seed1" / "config.json").read_text())
+    assert gae_cfg["algorithm"]["solver_estimator"] == "gae" and qa_cfg["algorithm"]["solver_estimator"] == "grpo"
+    assert gae_cfg["model"]["model_path"] == qa_cfg["model"]["model_path"]
+    assert gae_cfg["selfplay"]["self_play_enable"] is False and gae_cfg["critic"]["critic_train_top_layers"] == 8
+    gae_steps = [json.loads(x) for x in (out / "qa_gae_seed1" / "metrics.jsonl").read_text().splitlines()]
+    assert any(m.get("timing_s/critic", 0) > 0 and "critic/explained_variance" in m for m in gae_steps)
+    assert list((out / "qa_gae_seed1" / "checkpoints").glob("step_*/critic"))
     # rungs 2 and 3 are also scored on the dev split at their last milestone (where settings are chosen)
     assert (out / "seed1" / "dev_step1" / "results.json").exists()
     assert (out / "distill_seed1" / "dev_step1" / "results.json").exists()
@@ -61,11 +69,14 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
               "learning_qa.seed_std", "learning.solver_acc_gain", "learning_qa.reading_gain", "learning_qa.reading_seed_std",
               "learning.reading_gain", "learning_qa.searches_per_question", "learning_baseline.title_em",
               "learning_distill.reading_gain", "learning_distill.reading_seed_std", "learning_distill.gain_over_ssp",
-              "learning_distill.gain_over_ssp_ci95", "learning_distill.ood_gain", "learning_distill.ood_seed_std"):
+              "learning_distill.gain_over_ssp_ci95", "learning_distill.ood_gain", "learning_distill.ood_seed_std",
+              "learning_qa_gae.reading_gain", "learning_qa_gae.reading_seed_std", "learning_qa_gae.minutes_per_seed",
+              "learning_qa_gae.gain_over_qa", "learning_qa_gae.critic_time_share"):
         assert k in keys, k
     md = (bench / "RESULTS.md").read_text()
     assert all(f"## {s}" in md for s in ("learning_headroom", "learning_qa", "learning", "learning_baseline",
-                                          "learning_distill", "learning_distill_vs_ssp"))
+                                          "learning_distill", "learning_distill_vs_ssp",
+                                          "learning_qa_gae", "learning_qa_gae_vs_qa"))
     # the held-out protocol holds the reading and two-hop sets, measured against the title heuristic
     sft = json.loads((out / "eval_sft" / "results.json").read_text())
     assert {"reading_heldout", "twohop_heldout"} <= set(sft["per_source"])
@@ -73,7 +84,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     assert (bench / "learning_proof.png").stat().st_size > 10_000
     stages = {line.split("\t")[0] for line in (out / "timings.tsv").read_text().splitlines()}
     assert {"sft", "eval_sft", "headroom", "rl_qa", "eval_qa_step1", "rl", "eval_step1", "rl_distill",
-            "eval_distill_step1"} <= stages
+            "eval_distill_step1", "rl_qa_gae", "eval_qa_gae_step1"} <= stages
 
     # a second call finds everything done and only re-reports
     again = subprocess.run(["bash", str(PROOF)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
