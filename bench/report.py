@@ -115,6 +115,7 @@ def write_results(section: str, keys: dict, markdown: str, measures: list[str] |
     commit = commit_stamp(measures, repo)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     data = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)  # a fresh BENCH_RESULTS_DIR
     data.update(keys)
     data.setdefault(SECTIONS_KEY, {})[section] = {
         "commit": commit, "run": stamp, "measures": sorted(measures),
