@@ -40,10 +40,11 @@ _TOP_LEVEL = ("timing_s/sync", "timing_s/generate", "timing_s/logprobs", "timing
 
 
 def train_command(out: Path, steps: int, *, dtype: str = "fp32", train_top_layers: int = 0, estimator: str = "",
-                  port: int = 29500) -> list[str]:
+                  model: str = "", port: int = 29500) -> list[str]:
     """The torchrun command line of one launched run (the demo's settings, a few steps)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port),
-           "train.py", "--dtype", dtype, "--gradient_checkpointing", "false", "--index", "data/indexes/bm25",
+           "train.py", *(["--model_path", model] if model else []), "--dtype", dtype, "--gradient_checkpointing", "false",
+           "--index", "data/indexes/bm25",
            "--pool_init", "data/train/solver_qa.jsonl", "--prompts_per_step", "2", "--solver_n", "4",
            "--max_turns", "3", "--max_tokens_per_turn", "128", "--max_total_tokens", "1536", "--max_model_len", "2048",
            "--max_info_tokens", "256", "--micro_token_budget", "4096", "--lr", "1e-6", "--total_steps", str(steps),
@@ -132,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--run", nargs="+", default=[], help="existing run folder(s) to read instead of launching runs")
     # the launched runs
     ap.add_argument("--steps", type=int, default=3, help="steps of each launched run")
+    ap.add_argument("--model", default="", help="train.py's --model_path (empty = its default, the demo's SmolLM2-135M)")
     ap.add_argument("--train_top_layers", nargs="+", type=int, default=[0, 8],
                     help="one launched run per value, passed to train.py's --train_top_layers (0 = all layers)")
     ap.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
@@ -148,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             dtype = resolve_dtype(args.dtype)
             for top in args.train_top_layers:
                 folders.append(Path(d) / f"run_top{top}")
-                launch(folders[-1], args.steps, dtype=dtype, train_top_layers=top, estimator=args.estimator)
+                launch(folders[-1], args.steps, dtype=dtype, train_top_layers=top, estimator=args.estimator,
+                       model=args.model)
         runs = [read_run(f) for f in folders]
     keys, md = report(runs)
     write_results(section_name(runs), keys, md, measures=MEASURES)
