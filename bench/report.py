@@ -53,7 +53,7 @@ def machine_line() -> str:
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess | None:
     """`git -C repo args`, or None where git is missing or repo is not a git work tree."""
     try:
-        p = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=60)
+        p = subprocess.run(["git", "-C", str(repo), *args], check=False, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.SubprocessError):
         return None
     return p
