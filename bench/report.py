@@ -32,7 +32,7 @@ REPO = BENCH_DIR.parent
 _RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR))
 RESULTS_JSON = _RESULTS_DIR / "results.json"
 RESULTS_MD = _RESULTS_DIR / "RESULTS.md"
-SECTIONS_KEY = "_sections"   # results.json: {section: {"commit", "run", "measures", "script"}}
+SECTIONS_KEY = "_sections"   # results.json: {section: {"commit", "run", "measures", "script"[, "dirty"]}}
 UNKNOWN = "unknown"          # the commit of a section written where git could not say
 _HEADER = (
     "# Benchmark results\n\n"
@@ -64,19 +64,24 @@ def _git_out(repo: Path, *args: str) -> str | None:
     return p.stdout.strip() if p is not None and p.returncode == 0 else None
 
 
-def commit_stamp(measures: list[str] | tuple[str, ...] = (), repo: Path | None = None) -> str:
-    """HEAD's full hash, plus "+dirty" when the measured paths (the whole tree if none are named,
-    the results files excepted) have uncommitted or untracked changes; "unknown" without git."""
-    repo = REPO if repo is None else repo
+def _stamp(measures, repo: Path) -> tuple[str, list[str]]:
+    """(HEAD's full hash plus "+dirty" when the measured paths have uncommitted or untracked changes, those
+    paths); the whole tree counts when no path is named, the results files excepted; "unknown" without git."""
     head = _git_out(repo, "rev-parse", "--verify", "HEAD")
     if not head:
-        return UNKNOWN
+        return UNKNOWN, []
     # results files are rewritten by every bench, so they never make a section dirty
     spec = list(measures) or [".", ":(exclude)bench/RESULTS.md", ":(exclude)bench/results.json"]
-    status = _git_out(repo, "status", "--porcelain", "--", *spec)
-    if status is None:
-        return UNKNOWN
-    return head + ("+dirty" if status else "")
+    p = _git(repo, "status", "--porcelain", "--", *spec)
+    if p is None or p.returncode != 0:
+        return UNKNOWN, []
+    dirty = [line[3:] for line in p.stdout.splitlines() if line.strip()]  # "XY path": X may be a space
+    return head + ("+dirty" if dirty else ""), dirty
+
+
+def commit_stamp(measures: list[str] | tuple[str, ...] = (), repo: Path | None = None) -> str:
+    """The commit a section measures now: HEAD, "+dirty" when its paths have uncommitted changes, or "unknown"."""
+    return _stamp(measures, REPO if repo is None else repo)[0]
 
 
 def _short(commit: str) -> str:
@@ -112,14 +117,14 @@ def write_results(section: str, keys: dict, markdown: str, measures: list[str] |
     stamped with the commit it ran on and `--check` flags it once any of them changes. script: the
     command that re-measures it (default: the running script, relative to the repo)."""
     repo = REPO if repo is None else repo
-    commit = commit_stamp(measures, repo)
+    commit, dirty = _stamp(measures, repo)
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     data = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     RESULTS_JSON.parent.mkdir(parents=True, exist_ok=True)  # a fresh BENCH_RESULTS_DIR
     data.update(keys)
     data.setdefault(SECTIONS_KEY, {})[section] = {
         "commit": commit, "run": stamp, "measures": sorted(measures),
-        "script": _script_name(repo) if script is None else script}
+        "script": _script_name(repo) if script is None else script, **({"dirty": dirty} if dirty else {})}
     RESULTS_JSON.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")
 
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else _HEADER
@@ -185,8 +190,9 @@ def stale_sections(results_json: Path | None = None, results_md: Path | None = N
         if commit == UNKNOWN:
             out.append(f"{head} has no recorded commit: re-run {script}")
         elif commit.endswith("+dirty"):
+            changed = s.get("dirty") or measures
             out.append(f"{head} measured {_short(commit)}, with uncommitted changes to "
-                       f"{', '.join(measures) or 'the tree'}: re-run {script} on a commit")
+                       f"{', '.join(changed) or 'the tree'}: re-run {script} on a commit")
         elif measures and (why := _changed_since(repo, commit, measures)):
             out.append(f"{head} measured {_short(commit)}; {why}: re-run {script}")
     return out

@@ -85,7 +85,14 @@ def test_folder_measure_and_dirty_stamp(repo):
     assert s["commit"].endswith("+dirty")
     assert "(uncommitted changes to the measured code)" in report.RESULTS_MD.read_text()
     (w,) = report.stale_sections(repo=repo)
-    assert "section 'step' measured" in w and "+dirty, with uncommitted changes to code" in w
+    assert "section 'step' measured" in w and "+dirty, with uncommitted changes to code/b.py: re-run" in w
+    assert s["dirty"] == ["code/b.py"]
+    # a modified tracked file is named too (porcelain's " M path": the leading space is part of the format)
+    (repo / "code/a.py").write_text("x = 5\n")
+    report.write_results("step", {}, "t", measures=["code"], script="bench/bench_y.py", repo=repo)
+    s = json.loads(report.RESULTS_JSON.read_text())[report.SECTIONS_KEY]["step"]
+    assert sorted(s["dirty"]) == ["code/a.py", "code/b.py"]
+    git(repo, "checkout", "code/a.py")
     # a dirty file elsewhere does not make the section dirty
     git(repo, "add", "code/b.py")
     git(repo, "commit", "-q", "-m", "b")
