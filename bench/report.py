@@ -157,9 +157,12 @@ def _changed_since(repo: Path, commit: str, measures: list[str]) -> str | None:
         return None
     if anc is None or anc.returncode != 1:  # 128: the commit is not in this repository
         return f"its commit is not in this repository (last change to the measured code: {last[:10]})"
-    # the measured paths that changed between the section's commit and the last change to them
-    changed = _git_out(repo, "diff", "--name-only", commit, last, "--", *measures) or ""
-    names = changed.split()
+    # the measured paths that differ between the section's commit and the last change to them; none when the
+    # section's commit holds the same code by another history (a rebased or cherry-picked branch, a revert)
+    changed = _git_out(repo, "diff", "--name-only", commit, last, "--", *measures)
+    names = (changed or "").split()
+    if changed is not None and not names:
+        return None
     shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
     return f"{shown or ', '.join(measures)} changed since in {last[:10]}"
 
@@ -168,7 +171,8 @@ def stale_sections(results_json: Path | None = None, results_md: Path | None = N
                    repo: Path | None = None) -> list[str]:
     """One warning per section of RESULTS.md that may not describe the code as it is now:
     no recorded commit, measured on uncommitted changes, or a measured path changed in a commit
-    the recorded one does not contain. Sections stamped without measured paths are not checked."""
+    the recorded one does not contain (unless the recorded commit holds the same code, as after a
+    rebase). Sections stamped without measured paths are not checked."""
     results_json = RESULTS_JSON if results_json is None else results_json
     results_md = RESULTS_MD if results_md is None else results_md
     repo = REPO if repo is None else repo

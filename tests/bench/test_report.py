@@ -76,6 +76,21 @@ def test_change_to_measured_path_is_stale_unrelated_is_not(repo):
     assert report.stale_sections(repo=repo) == []
 
 
+def test_same_code_by_another_history_is_current(repo):
+    """A section measured on a branch that was then rebased (a commit not in HEAD's history, same code) is current
+    until the measured code itself changes."""
+    main = git(repo, "rev-parse", "--abbrev-ref", "HEAD")
+    git(repo, "checkout", "-q", "-b", "side")
+    commit(repo, "code/a.py", "x = 2\n")
+    write(repo)                                                         # measured on side
+    git(repo, "checkout", "-q", main)
+    commit(repo, "code/a.py", "x = 2\n")                                # the same change, another commit
+    assert report.stale_sections(repo=repo) == []
+    commit(repo, "code/a.py", "x = 3\n")
+    (w,) = report.stale_sections(repo=repo)
+    assert "code/a.py changed since in" in w
+
+
 def test_folder_measure_and_dirty_stamp(repo):
     report.write_results("step", {}, "t", measures=["code"], script="bench/bench_y.py", repo=repo)
     assert report.stale_sections(repo=repo) == []
