@@ -124,7 +124,7 @@ def write_results(section: str, keys: dict, markdown: str, measures: list[str] |
     data.update(keys)
     data.setdefault(SECTIONS_KEY, {})[section] = {
         "commit": commit, "run": stamp, "measures": sorted(measures),
-        "script": _script_name(repo) if script is None else script, **({"dirty": dirty} if dirty else {})}
+        "script": _script_name(repo) if script is None else script, **({"dirty": dirty[:20]} if dirty else {})}
     RESULTS_JSON.write_text(json.dumps(dict(sorted(data.items())), indent=2) + "\n")
 
     text = RESULTS_MD.read_text() if RESULTS_MD.exists() else _HEADER
