@@ -24,6 +24,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/bench_backends.py", "inference/engines.py", "inference/self_search.py",
+            "retrieval/retriever.py", "retrieval/simulated.py"]
+
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 
@@ -87,7 +92,7 @@ def main() -> None:
                                       "backends.simulated_s": round(med["simulated"], 3),
                                       "backends.self_s": round(med["self"], 3),
                                       "backends.simulated_over_retriever": round(med["simulated"] / base, 1),
-                                      "backends.self_over_retriever": round(med["self"] / base, 1)}, md)
+                                      "backends.self_over_retriever": round(med["self"] / base, 1)}, md, measures=MEASURES)
     print(md)
 
 

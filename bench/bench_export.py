@@ -35,6 +35,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/bench_export.py", "inference/engines.py", "training/checkpoint.py", "training/engine_builder.py"]
+
 MB = 1 << 20
 
 
@@ -187,7 +191,7 @@ def main() -> None:
         "export.seconds": round(med(0, "new_s"), 2), "export.shards": res["shards"],
         "export.before_peak_rise_mb_rank1": round(med(1, "old") / MB, 1), "export.before_seconds": round(med(0, "old_s"), 2),
         "export.gather_only_over_largest_group": round(floor, 3),
-    }, md)
+    }, md, measures=MEASURES)
     print(md)
 
 

@@ -37,6 +37,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/bench_loss.py", "training/logprobs.py", "training/loss.py", "training/packing.py"]
+
 import torch  # noqa: E402
 
 # ----------------------------------------------------------------------------- args
@@ -428,7 +431,7 @@ def main():
     print(text)
     print(json.dumps(keys, indent=1))
     if not args.no_write:
-        write_results("loss", keys, text)
+        write_results("loss", keys, text, measures=MEASURES)
 
 
 if __name__ == "__main__":

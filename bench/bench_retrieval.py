@@ -33,6 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/baseline_server.py", "bench/bench_retrieval.py", "retrieval"]
+
 from bench.report import md_table, write_results  # noqa: E402
 
 
@@ -296,7 +299,7 @@ def main(argv=None) -> int:
     print(text)
     print(json.dumps(keys, indent=1))
     if not a.no_write:
-        write_results("retrieval", keys, text)
+        write_results("retrieval", keys, text, measures=MEASURES)
     return 0
 
 

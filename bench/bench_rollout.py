@@ -41,6 +41,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/bench_rollout.py", "inference/engines.py", "inference/hf_engine.py",
+            "inference/prompts.py", "inference/rollout.py", "retrieval/retriever.py"]
+
 FEW_SHOT = (
     "Question: What is the capital of Italy?\n<search> capital of Italy </search>\n\n<information>Doc 1 (Title: Rome) "
     "Rome is the capital city of Italy.\n</information>\n\n<answer> Rome </answer>\n\n"
@@ -237,7 +241,7 @@ def main() -> None:
             "rollout.hf_tokens_per_s": round(h["tok_s"], 2),
             "rollout.vllm_traj_per_s": round(v["traj_s"], 4),
             "rollout.hf_traj_per_s": round(h["traj_s"], 4),
-        }, md)
+        }, md, measures=MEASURES)
 
 
 if __name__ == "__main__":

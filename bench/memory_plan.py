@@ -28,6 +28,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+# The code this section measures (bench/report.py --check flags the section when it changes).
+MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/config.py", "training/memory_plan.py"]
+
 MODEL_SCRIPTS = sorted(p for p in (REPO / "scripts").glob("train_*.sh") if p.name != "train_common.sh")
 # Variables the scripts read from the environment: cleared so each script's own defaults apply.
 SCRIPT_VARS = ("MODEL", "TEMPLATE", "VLLM_TP", "PROMPTS_PER_STEP", "OFFLOAD", "GPU_MEM", "MICRO_TOKENS", "LR", "STEPS",
@@ -144,7 +147,7 @@ def main() -> None:
           f"it would catch a plan that overestimates, not one that underestimates. Our plan models DeepSpeed "
           f"ZeRO-3 and this trainer's chunked log-prob head, not veRL's FSDP; and it has no critic, which Search-R1's "
           f"PPO adds (offloaded like the actor, on the GPU only during its own update).\n")
-    write_results("memory-plan", keys, md)
+    write_results("memory-plan", keys, md, measures=MEASURES)
     (_RESULTS_DIR / "memory_plan.json").write_text(json.dumps(
         {"world": WORLD, "gpu_memory_gb": GPU_GB, "scripts": plans, "search_r1": sr}, indent=2) + "\n")
     if not args.no_readme:
