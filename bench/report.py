@@ -70,8 +70,9 @@ def _stamp(measures, repo: Path) -> tuple[str, list[str]]:
     head = _git_out(repo, "rev-parse", "--verify", "HEAD")
     if not head:
         return UNKNOWN, []
-    # results files are rewritten by every bench, so they never make a section dirty
-    spec = list(measures) or [".", ":(exclude)bench/RESULTS.md", ":(exclude)bench/results.json"]
+    # results files and plots are rewritten by the benches, so they never make a section dirty
+    spec = list(measures) or [".", ":(exclude)bench/RESULTS.md", ":(exclude)bench/results.json",
+                              ":(exclude)bench/*.png"]  # plots are outputs too
     p = _git(repo, "status", "--porcelain", "--", *spec)
     if p is None or p.returncode != 0:
         return UNKNOWN, []
