@@ -305,3 +305,38 @@ def test_other_ranks_open_no_tracker(tmp_path):
     log.close()
     assert log.trackers == [] and not (tmp_path / "rank1").exists()
 
+
+@pytest.mark.timeout(300)
+def test_eval_logs_its_per_source_table_as_a_summary(trackers, tiny_model_dir, tmp_path, capsys):
+    """eval.py --report_to wandb,mlflow: one tracker run each, holding every per-source number as a summary and
+    the table itself (a wandb Table; a JSON artifact in MLflow), with the same numbers as results.json."""
+    import eval as eval_cli
+    from mlflow.tracking import MlflowClient
+
+    with pytest.raises(SystemExit):
+        eval_cli.parse_args(["--model", "m", "--data", "d.jsonl", "--out_dir", str(tmp_path), "--report_to", "comet"])
+    assert "--report_to takes a comma list" in capsys.readouterr().err
+    out = tmp_path / "ev"
+    assert eval_cli.main(["--model", str(tiny_model_dir), "--engine", "hf", "--data", "data/eval/capitals.jsonl",
+                          "--limit", "2", "--max_turns", "1", "--max_tokens_per_turn", "8", "--out_dir", str(out),
+                          "--report_to", "wandb,mlflow"]) == 0
+    res = json.loads((out / "results.json").read_text())
+    want = {"eval/capitals/em": res["per_source"]["capitals"]["em"], "eval/overall/n": 2,
+            "eval/capitals/title_copy_at/1": res["per_source"]["capitals"]["title_copy_at"]["1"]}
+    assert not _warnings(capsys.readouterr().err)
+
+    (run_file,) = out.glob("wandb/offline-run-*/run-*.wandb")
+    summary = {}
+    for r in _finished_records(run_file):
+        if r.WhichOneof("record_type") == "summary":
+            summary.update({"/".join(u.nested_key) or u.key: json.loads(u.value_json) for u in r.summary.update})
+    assert {k: summary[k] for k in want} == want
+    (table,) = out.glob("wandb/offline-run-*/files/media/table/eval/per_source_*.table.json")
+    t = json.loads(table.read_text())
+    assert [row[t["columns"].index("data_source")] for row in t["data"]] == ["capitals", "overall"]
+
+    c = MlflowClient()
+    run = c.get_run(json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"])
+    assert {k: run.data.metrics[k] for k in want} == want and run.data.tags["ssp.job_type"] == "eval"
+    local = Path(c.download_artifacts(run.info.run_id, "eval/per_source.json", str(tmp_path / "back")))
+    assert [r["data_source"] for r in json.loads(local.read_text())] == ["capitals", "overall"]
