@@ -198,7 +198,7 @@ def test_mlflow_run_holds_config_scalars_samples_and_leaves_inf_out_once(tracker
     assert not _files_hold(trackers, SECRET, URL_PASSWORD), "a secret reached the MLflow store"
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(300)   # ~20 s on an idle machine, most of it the new SQLite store's schema migration
 def test_a_resumed_run_continues_the_same_tracker_runs(trackers, tmp_path, monkeypatch):
     """Two RunLogger lifetimes on one run folder (a run and its resume from a checkpoint at step 2): one wandb
     run id, one MLflow run. MLflow here is the default, the run folder's own SQLite store."""
@@ -306,7 +306,7 @@ def test_other_ranks_open_no_tracker(tmp_path):
     assert log.trackers == [] and not (tmp_path / "rank1").exists()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)   # the first user of the session's tiny model builds it (minutes on a busy machine)
 def test_eval_logs_its_per_source_table_as_a_summary(trackers, tiny_model_dir, tmp_path, capsys):
     """eval.py --report_to wandb,mlflow: one tracker run each, holding every per-source number as a summary and
     the table itself (a wandb Table; a JSON artifact in MLflow), with the same numbers as results.json."""
