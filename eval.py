@@ -219,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge_url", default=None, help="OpenAI-compatible judge server; without it the judge is exact match")
     p.add_argument("--judge_model", default=None, help="served judge model name (none: the server's first model)")
     p.add_argument("--judge_cache", default=None, help="SQLite file caching verdicts across runs")
+    p.add_argument("--report_to", default="none", help="also log the per-source table as a run summary: a comma "
+                   "list of wandb, mlflow (train.py's flag; tensorboard is taken and writes nothing here), or none; "
+                   "a tracker that fails warns and the eval goes on")
     return p
 
 
@@ -307,6 +310,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"config.json); pass --overwrite to replace them, or pick another --out_dir")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be >= 1, got {a.limit}")
+    from training.config import report_to_errors
+    for err in report_to_errors(a.report_to):
+        p.error(err)
     if a.samples < 1:
         p.error(f"--samples must be >= 1, got {a.samples}")
     if a.samples > 1 and a.temperature <= 0:
@@ -395,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "config.json").write_text(json.dumps(vars(a), indent=2) + "\n")
     print(markdown_report(protocol, result, settings))
     print(f"wrote {out_dir}/results.json, results.md, examples.jsonl", flush=True)
+    if a.report_to != "none":
+        from utils.trackers import eval_summary, log_summary
+        values, table = eval_summary(result["per_source"], result["overall"])
+        log_summary(a.report_to, out_dir, {**vars(a), "protocol": protocol}, values, {"eval/per_source": table},
+                    run_name=f"eval-{out_dir.resolve().name}")
     judge.close()
     return 0
 

@@ -21,6 +21,7 @@
 #   bash scripts/demo_cpu.sh
 #   STEPS=8 OUT=runs/demo2 bash scripts/demo_cpu.sh
 #   SOLVER_SEARCH=self PROPOSER_SEARCH=self bash scripts/demo_cpu.sh  # SSRL self-search: the policy writes the documents
+#   REPORT_TO=tensorboard,wandb,mlflow WANDB_MODE=offline bash scripts/demo_cpu.sh  # --report_to of training and eval
 #
 # Re-running the same line reuses what exists: the SFT export is kept, training resumes from the
 # latest checkpoint (a leg already done is skipped; a larger STEPS continues the run), and the eval
@@ -45,6 +46,7 @@ PORT=${PORT:-8765}
 PROPOSER_SEARCH=${PROPOSER_SEARCH:-retriever}
 SOLVER_SEARCH=${SOLVER_SEARCH:-retriever}
 EVAL_LIMIT=${EVAL_LIMIT:-16}   # rows per eval file
+REPORT_TO=${REPORT_TO:-tensorboard}  # --report_to: tensorboard, wandb, mlflow (comma list); eval sends its table to the last two
 EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl data/eval/wiki_desc_heldout.jsonl)
 
 t_start=$(date +%s)
@@ -103,7 +105,7 @@ TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpoin
   --proposer_estimator reinforce++ --solver_estimator grpo
   "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1
-  --save_every 1 --max_ckpts 2 --sample_every 1 --overwrite "$OVERWRITE" --output_dir "$OUT")
+  --save_every 1 --max_ckpts 2 --sample_every 1 --overwrite "$OVERWRITE" --output_dir "$OUT" --report_to "$REPORT_TO")
 # the 2 ranks split the cores (1 thread each on 2 cores: 3-4x faster than oversubscribing them)
 ssp() {  # leg target_steps port
   OMP_NUM_THREADS=$(( NPROC / 2 > 0 ? NPROC / 2 : 1 )) $PY -m torch.distributed.run --nproc_per_node 2 \
@@ -158,7 +160,7 @@ case "$SOLVER_SEARCH" in   # the eval searches the way the solver searched in tr
 esac
 OMP_NUM_THREADS=$NPROC $PY eval.py --model "$CKPT" --dtype "$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)" --data "${EVAL_FILES[@]}" --limit "$EVAL_LIMIT" \
   "${EVAL_SEARCH[@]}" "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 \
-  --out_dir "$OUT/eval" --overwrite
+  --out_dir "$OUT/eval" --overwrite --report_to "$REPORT_TO"
 $PY - "$OUT/eval/examples.jsonl" <<'EOF'
 import json, sys
 ex = [json.loads(line) for line in open(sys.argv[1])]

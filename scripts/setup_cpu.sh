@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Create (or reuse) the CPU virtualenv at .venv and install everything the demo,
-# the tests and the benchmarks need. Idempotent: a finished install is detected
-# by a stamp file holding the hash of the requirement files, so a re-run is ~1 s.
+# the tests and the benchmarks need, the optional trackers (wandb, MLflow) included.
+# Idempotent: a finished install is detected by a stamp file holding the hash of the
+# requirement files, so a re-run is ~1 s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 PY=${PYTHON:-python3}
 stamp="$VENV/.installed"
-want=$(cat requirements-cpu.txt requirements-assets.txt scripts/setup_cpu.sh | sha256sum | cut -d' ' -f1)
+want=$(cat requirements-cpu.txt requirements-assets.txt requirements-trackers.txt scripts/setup_cpu.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -22,6 +23,8 @@ pip install -q -r requirements-cpu.txt
 # not exist", missing libc10_cuda.so). Text-only vLLM does not need them.
 pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 pip install -q --no-deps -r requirements-assets.txt
+# Optional for training (--report_to wandb,mlflow); the tests run both trackers for real, offline.
+pip install -q -r requirements-trackers.txt
 # bsdgames' quiz files give the capital-city eval set. Optional: without them
 # prepare_data.py skips that set and says so.
 if [ ! -d /usr/share/games/bsdgames/quiz ] && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then

@@ -8,6 +8,8 @@
 # G_p = 1). ESTIMATOR=gae is PPO with a critic: its own ZeRO-3 engine at CRITIC_LR (default 1e-5, Search-R1's
 # and veRL's), its optimizer offloaded when CRITIC_OFFLOAD=true (default: OFFLOAD, as the actor; the 14B
 # scripts default it to true, where a resident critic would not fit 80 GB); gamma = lambda = 1 (the defaults).
+# REPORT_TO is --report_to (default tensorboard): a comma list of tensorboard, wandb, mlflow, e.g.
+# REPORT_TO=tensorboard,wandb WANDB_PROJECT=ssp; MLflow reads MLFLOW_TRACKING_URI (default: a store in $OUT/mlflow).
 # LAUNCHER_ARGS are extra flags of the deepspeed launcher, e.g. for one machine without ssh:
 #   LAUNCHER_ARGS="--no_ssh_check --master_addr 127.0.0.1" (hostfile line: 'localhost slots=8').
 set -euo pipefail
@@ -43,6 +45,7 @@ STEPS=${STEPS:-200}
 OFFLOAD=${OFFLOAD:-false}
 MICRO_TOKENS=${MICRO_TOKENS:-16384}
 ESTIMATOR=${ESTIMATOR:-grpo}
+REPORT_TO=${REPORT_TO:-tensorboard}
 critic=()
 if [ "$ESTIMATOR" = gae ]; then
   critic=(--critic_lr "${CRITIC_LR:-1e-5}" --critic_offload_optimizer "${CRITIC_OFFLOAD:-$OFFLOAD}" --critic_warmup "${CRITIC_WARMUP:-0}")
@@ -60,7 +63,7 @@ cmd=(deepspeed --hostfile "$HOSTFILE" "${launcher[@]}" train.py
   --proposer_estimator reinforce++ --solver_estimator "$ESTIMATOR" "${critic[@]}" --clip_low 0.2 --clip_high 0.28
   --lr "$LR" --warmup_steps 10 --total_steps "$STEPS" --micro_token_budget "$MICRO_TOKENS"
   --zero_stage 3 --offload_optimizer "$OFFLOAD"
-  --output_dir "$OUT" --save_every 10 --max_ckpts 3
+  --output_dir "$OUT" --report_to "$REPORT_TO" --save_every 10 --max_ckpts 3
   "$@")
 set -x
 if [ "${DRY_RUN:-0}" = 1 ]; then

@@ -189,6 +189,18 @@ def test_model_scripts_accept_the_demo_answer_pool_only_when_train_data_is_unset
     assert own[own.index("--train_data") + 1] == "/data/ssp/train.parquet" and "--allow_demo_defaults" not in own
 
 
+def test_model_scripts_pass_report_to(tmp_path):
+    """REPORT_TO reaches train.py as --report_to (default tensorboard, as train.py's own), and the demo passes it
+    to training and to eval alike."""
+    script = REPO / "scripts" / "train_qwen2.5_7b_instruct.sh"
+    plain = _script_flags(script, tmp=str(tmp_path / "a"))
+    assert plain[plain.index("--report_to") + 1] == "tensorboard"
+    both = _script_flags(script, tmp=str(tmp_path / "b"), REPORT_TO="tensorboard,wandb,mlflow")
+    assert both[both.index("--report_to") + 1] == "tensorboard,wandb,mlflow"
+    demo = (REPO / "scripts" / "demo_cpu.sh").read_text()
+    assert demo.count('--report_to "$REPORT_TO"') == 2 and "REPORT_TO=${REPORT_TO:-tensorboard}" in demo
+
+
 def test_dry_run_refuses_demo_defaults_across_nodes(tmp_path):
     """Local rank 0 of a 2-node launch (WORLD_SIZE 16, 8 local ranks) on the CPU demo's defaults:
     one refusal naming each default and the flag that replaces it."""

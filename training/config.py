@@ -256,7 +256,11 @@ class LogArgs:
     output_dir: str = F("runs/ssp", "run folder: config, logs, TensorBoard, samples, checkpoints")
     log_every: int = F(1, "steps between scalar logs")
     sample_every: int = F(5, "steps between text dumps of sample trajectories")
-    tensorboard: bool = F(True, "write TensorBoard event files")
+    tensorboard: bool = F(True, "write TensorBoard event files (false leaves tensorboard out of --report_to)")
+    report_to: str = F("tensorboard", "where scalars, samples and the run config go besides metrics.jsonl: a comma "
+                                      "list of tensorboard, wandb, mlflow (the HF Trainer's spelling), or none. Rank 0 "
+                                      "alone talks to them; one that is down or not installed gets a warning and the "
+                                      "run goes on (utils/trackers.py; pip install -r requirements-trackers.txt)")
 
 
 @dataclass
@@ -463,6 +467,16 @@ def demo_default_errors(cfg: Config, cuda: bool, multi_node: bool) -> list[str]:
             + "\n    or pass --allow_demo_defaults true to run with them on purpose"]
 
 
+def report_to_errors(report_to: str) -> list[str]:
+    """[] for a --report_to of known trackers; else the message naming what is not one."""
+    from utils.trackers import parse_report_to  # light: no tracker is imported
+    try:
+        parse_report_to(report_to)
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
 def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm
@@ -521,6 +535,7 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
     errs += critic_errors(cfg)
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:
         errs.append(f"clip range must satisfy 0 <= clip_low < 1 and clip_high > 0 (got {a.clip_low}, {a.clip_high})")
+    errs += report_to_errors(cfg.logging.report_to)
     if not 0.0 <= o.max_failed_share <= 1.0:
         errs.append(f"--max_failed_share must be a share in [0, 1], got {o.max_failed_share}")
     if o.failed_share_window < 1 or o.max_nonfinite_steps < 1:

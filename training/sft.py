@@ -37,7 +37,8 @@ prepare_launch_env()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from training.config import F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, model_path_errors  # noqa: E402
+from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs,  # noqa: E402
+                             model_path_errors, report_to_errors)
 
 
 @dataclass
@@ -85,6 +86,7 @@ def validate_sft(cfg: Config, sft: SFTArgs, world_size: int | None = None) -> No
         errs.append(f"--roles {sft.roles!r}: give proposer, solver or both, comma-separated")
     if cfg.model.train_top_layers < 0:
         errs.append(f"--train_top_layers must be >= 0 (got {cfg.model.train_top_layers})")
+    errs += report_to_errors(cfg.logging.report_to)
     if world_size is not None and sft.batch_size % world_size:
         errs.append(f"--batch_size {sft.batch_size} must be a multiple of the world size {world_size} "
                     f"(every rank packs the same number of demonstrations per step)")
@@ -188,7 +190,8 @@ class SFTTrainer:
         from training.engine_builder import build_engines
         self.engines = build_engines(cfg)
         self.actor = self.engines.actor
-        self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard)
+        self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
+                             config={**cfg.to_dict(), "sft": dict(sft.__dict__)}, job_type="sft")
         self.step = 0
         self._resume()
 

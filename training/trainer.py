@@ -114,7 +114,8 @@ class SSPTrainer:
         self.out = Path(cfg.logging.output_dir)
         from training.checkpoint import prepare_output_dir
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
-        self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard)
+        self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
+                             config=cfg.to_dict())
         self._build()
         self.step = 0
         self.cursor = 0      # proposer rows consumed (global)

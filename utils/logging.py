@@ -1,8 +1,9 @@
 """Run logging: rank-0 printing, namespaced TensorBoard scalars, a JSONL metrics file, sample dumps.
 
 Metric names are namespaced (`proposer/reward_mean`, `timing_s/generate`, ...),
-and every scalar written to TensorBoard is also appended to metrics.jsonl so a
-run can be compared or plotted without TensorBoard.
+and every scalar is appended to metrics.jsonl first, then sent to the trackers of
+`--report_to` (TensorBoard; wandb and MLflow through utils/trackers.py), so a run
+can be compared or plotted without any of them, and a tracker that fails loses nothing.
 
 Non-finite values are logged, never dropped: a NaN loss is the first thing to see.
 TensorBoard takes them as they are. Strict JSON has no NaN or infinity, so metrics.jsonl
@@ -86,20 +87,54 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class RunLogger:
-    """Rank 0 writes; other ranks hold a logger that does nothing."""
+    """Rank 0 writes; other ranks hold a logger that does nothing (and never open a tracker).
 
-    def __init__(self, out_dir: str | Path, enabled: bool | None = None, tensorboard: bool = True):
+    report_to: `--report_to`, a comma list of tensorboard, wandb, mlflow (or "none"); tensorboard=False
+    leaves TensorBoard out whatever it says (`--tensorboard false`). config: the resolved config, each
+    tracker's run config (secrets removed, utils.trackers.public_config). A wandb or MLflow tracker that
+    cannot start, or fails later, gets one warning and is switched off; metrics.jsonl, TensorBoard and
+    the other trackers go on."""
+
+    def __init__(self, out_dir: str | Path, enabled: bool | None = None, tensorboard: bool = True,
+                 report_to: str = "tensorboard", config: dict | None = None, run_name: str | None = None,
+                 job_type: str = "train"):
+        from utils.trackers import parse_report_to
+
         self.enabled = is_main() if enabled is None else enabled
         self.out_dir = Path(out_dir)
         self.tb = None
+        self.trackers: list = []
         self._skipped: set[str] = set()
+        names = parse_report_to(report_to)
         if not self.enabled:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        if tensorboard:
+        self._metrics = (self.out_dir / "metrics.jsonl").open("a")
+        if tensorboard and "tensorboard" in names:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
-        self._metrics = (self.out_dir / "metrics.jsonl").open("a")
+        others = [n for n in names if n != "tensorboard"]
+        if others:
+            from utils import trackers as T
+            state = T.read_state(self.out_dir)
+            cfg = T.public_config(config or {})
+            name = run_name or self.out_dir.resolve().name
+            self.trackers = [t for n in others
+                             if (t := T.open_tracker(n, self.out_dir, cfg, state, name, warn, job_type)) is not None]
+            if self.trackers:
+                T.write_state(self.out_dir, state)
+
+    def _to_trackers(self, method: str, *args) -> None:
+        from utils.trackers import one_line
+
+        for t in list(self.trackers):
+            try:
+                getattr(t, method)(*args)
+            except Exception as e:  # noqa: BLE001 - a tracker never stops a run
+                self.trackers.remove(t)
+                # not closed either: closing a run on a server that is down would wait out its retries again
+                warn(f"{t.name}: {method} failed ({one_line(e)}); {t.name} is switched off "
+                     f"for the rest of this run, which goes on (metrics.jsonl and the other trackers keep logging)")
 
     def scalars(self, step: int, metrics: dict) -> None:
         if not self.enabled:
@@ -113,30 +148,35 @@ class RunLogger:
                     warn(f"metric {k!r} is not a number ({type(v).__name__}); not logged")
                 continue
             clean[k] = x
+        row = {"step": step, "time": time.time(), **{k: json_scalar(x) for k, x in clean.items()}}
+        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")
+        self._metrics.flush()
         if self.tb is not None:
             for k, x in clean.items():
                 self.tb.add_scalar(k, x, step)
             self.tb.flush()
-        row = {"step": step, "time": time.time(), **{k: json_scalar(x) for k, x in clean.items()}}
-        self._metrics.write(json.dumps(row, allow_nan=False) + "\n")
-        self._metrics.flush()
+        self._to_trackers("scalars", step, clean)
 
     def text(self, step: int, tag: str, body: str) -> None:
-        """Sample trajectories: to TensorBoard's text tab and to samples/step_N.txt."""
+        """Sample trajectories: to samples/step_N.txt, TensorBoard's text tab, a wandb Table, an MLflow artifact."""
         if not self.enabled:
             return
-        if self.tb is not None:
-            self.tb.add_text(tag, "```\n" + body + "\n```", step)
         d = self.out_dir / "samples"
         d.mkdir(exist_ok=True)
-        with (d / f"step_{step:06d}.txt").open("a") as f:
+        path = d / f"step_{step:06d}.txt"
+        with path.open("a") as f:
             f.write(f"===== {tag} =====\n{body}\n\n")
+        if self.tb is not None:
+            self.tb.add_text(tag, "```\n" + body + "\n```", step)
+        self._to_trackers("text", step, tag, body, path)
 
     def close(self) -> None:
         if self.enabled:
             if self.tb is not None:
                 self.tb.close()
             self._metrics.close()
+            self._to_trackers("close")
+            self.trackers = []
 
 
 def fmt_metrics(metrics: dict, keys: list[str]) -> str:
