@@ -85,8 +85,8 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     from dataclasses import fields
     from pathlib import Path
 
-    from training.config import (GROUPS, Config, build_parser, cuda_present, demo_default_errors, demo_defaults_in_use,
-                                 needs_critic, needs_reference, node_count, resolve_defaults)
+    from training.config import GROUPS, Config, build_parser, needs_critic, needs_reference, resolve_defaults
+    from training.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
 
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None

@@ -63,8 +63,7 @@ OPERATIONAL = frozenset({
     "rollout.gpu_memory_utilization", "rollout.kv_cache_mb", "rollout.sync_bucket_mb",
     "search.retriever_url", "search.sim_url", "selfplay.judge_url",  # services move between restarts
 })
-# the trainer's logs, deleted with --overwrite; without trackers.json the trackers start new runs too
-STARTED_OVER = ("metrics.jsonl", "samples", "tensorboard", "trackers.json")
+STARTED_OVER = ("metrics.jsonl", "samples", "tensorboard", "trackers.json")  # deleted by --overwrite (trackers: new runs)
 
 
 def tag_for(step: int) -> str:

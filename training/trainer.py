@@ -26,8 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.config import (AUTO_PROMPTS_PER_GROUP, Config, demo_defaults_in_use, node_count, resolve_defaults,
+from training.config import (AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults,
                              validate_args)
+from training.launch_env import demo_defaults_in_use, node_count
 from training.critic import step_values, train_step_critic
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights

@@ -187,7 +187,7 @@ def test_demo_defaults_are_refused_on_cuda_or_across_nodes(where):
 
 
 def test_demo_defaults_pass_on_cpu_on_one_node_and_on_purpose():
-    from training.config import demo_default_errors
+    from training.launch_env import demo_default_errors
     assert demo_default_errors(_demo_cfg(), cuda=False, multi_node=False) == []
     assert demo_default_errors(_demo_cfg("--allow_demo_defaults", "true"), cuda=True, multi_node=True) == []
     assert "CPU demo's defaults" not in _demo_errors(_demo_cfg("--allow_demo_defaults", "true"), world_size=8,
@@ -195,7 +195,7 @@ def test_demo_defaults_pass_on_cpu_on_one_node_and_on_purpose():
 
 
 def test_only_the_demo_defaults_in_use_are_named():
-    from training.config import demo_defaults_in_use
+    from training.launch_env import demo_defaults_in_use
     names = lambda cfg: [x.split()[0] for x in demo_defaults_in_use(cfg)]  # noqa: E731
     assert names(_demo_cfg()) == ["--model_path", "--index", "--train_data"]
     assert names(_demo_cfg("--retriever_url", "http://h:8000")) == ["--model_path", "--train_data"]
@@ -207,7 +207,7 @@ def test_only_the_demo_defaults_in_use_are_named():
 
 
 def test_node_count_reads_the_launchers_environment():
-    from training.config import node_count
+    from training.launch_env import node_count
     assert node_count({}) == 1
     assert node_count({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == 1          # torchrun, one node
     assert node_count({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == 2
