@@ -55,7 +55,8 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     assert gae_cfg["model"]["model_path"] == qa_cfg["model"]["model_path"]
     assert gae_cfg["selfplay"]["self_play_enable"] is False and gae_cfg["critic"]["critic_train_top_layers"] == 8
     gae_steps = [json.loads(x) for x in (out / "qa_gae_seed1" / "metrics.jsonl").read_text().splitlines()]
-    assert any(m.get("timing_s/critic", 0) > 0 and "critic/explained_variance" in m for m in gae_steps)
+    # (critic/explained_variance is left out when the returns do not vary, as in a 1-step smoke run's all-0 rewards)
+    assert any(m.get("timing_s/critic", 0) > 0 and "critic/value_loss" in m for m in gae_steps)
     assert list((out / "qa_gae_seed1" / "checkpoints").glob("step_*/critic"))
     # rungs 2 and 3 are also scored on the dev split at their last milestone (where settings are chosen)
     assert (out / "seed1" / "dev_step1" / "results.json").exists()
