@@ -11,6 +11,8 @@ question pool; the test sorts the files of the checkpoint into the formula's ter
 
 Two settings cover both dtypes and both kinds of weight: bf16 with every weight trained, and fp32
 with --train_top_layers 1 (most weights frozen: at fp32 too the optimizer file holds an fp32 master).
+One launch saves both, one actor after the other (the 2-rank start-up, ~20 s of imports per rank, is
+most of a launch's cost); each setting's files land in a folder of their own.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ REPO = Path(__file__).resolve().parents[2]
 KiB = 1024
 
 
-def worker(out: Path, model: Path, dtype: str, top: int, pool_rows: int) -> None:
+def worker(out: Path, model: Path, settings: list[tuple[str, int]], pool_rows: int) -> None:
+    """One ZeRO-3 actor per (dtype, top) setting, one after the other in this process: each takes one
+    optimizer step and saves to out/run_<dtype>_<top>."""
     from utils.dist import prepare_launch_env
 
     prepare_launch_env()
@@ -42,33 +46,43 @@ def worker(out: Path, model: Path, dtype: str, top: int, pool_rows: int) -> None
     from training.config import Config
     from training.engine_builder import build_engines
 
-    cfg = Config()
-    cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = str(model), dtype, False
-    cfg.model.train_top_layers = top
-    actor = build_engines(cfg).actor
-    ids = (torch.arange(1, 49)[None] * 37) % 5000
-    actor.backward(actor(input_ids=ids, labels=ids, use_cache=False).loss)
-    actor.step()
-    pool = [{"question": f"Which {i}th-century composer wrote the opera that premiered in the city where the "
-                         f"river {i} meets the sea, and in which year did it first play there?",
-             "answer": [f"Composer {i}", f"C. {i}"], "step": i} for i in range(pool_rows)]
-    C.save(actor, out, 1, {"cursor": 7, "qa_cursor": 0, "pool": pool, "ema_state": {}}, tokenizer_dir=model,
-           export=True, max_ckpts=2)
-    D.barrier()
+    alive = []  # a collected engine tears down process groups DeepSpeed still caches (test_modes.py does the same)
+    for dtype, top in settings:
+        cfg = Config()
+        cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = str(model), dtype, False
+        cfg.model.train_top_layers = top
+        actor = build_engines(cfg).actor
+        alive.append(actor)
+        ids = (torch.arange(1, 49)[None] * 37) % 5000
+        actor.backward(actor(input_ids=ids, labels=ids, use_cache=False).loss)
+        actor.step()
+        pool = [{"question": f"Which {i}th-century composer wrote the opera that premiered in the city where the "
+                             f"river {i} meets the sea, and in which year did it first play there?",
+                 "answer": [f"Composer {i}", f"C. {i}"], "step": i} for i in range(pool_rows)]
+        C.save(actor, out / f"run_{dtype}_{top}", 1, {"cursor": 7, "qa_cursor": 0, "pool": pool, "ema_state": {}},
+               tokenizer_dir=model, export=True, max_ckpts=2)
+        D.barrier()
     import torch.distributed as dist
     dist.destroy_process_group()
 
 
-def _run_worker(tmp_path: Path, model: Path, dtype: str, top: int, pool_rows: int) -> Path:
-    out = tmp_path / f"run_{dtype}_{top}"
+SETTINGS = [("bf16", 0), ("fp32", 1)]
+POOL_ROWS = 128  # each rank saves the same 128-question pool
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory, tiny_model_dir) -> Path:
+    """One 2-rank launch of worker(): a checkpoint per setting under out/run_<dtype>_<top>."""
+    out = tmp_path_factory.mktemp("disk")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", DS_ACCELERATOR="cpu",
                PYTHONPATH=str(REPO), TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-           str(Path(__file__).relative_to(REPO)), "disk", str(out), str(model), dtype, str(top), str(pool_rows)]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    step = out / "checkpoints" / "step_000001"
-    assert (out / "checkpoints" / "latest").exists(), r.stdout[-3000:] + r.stderr[-3000:]
-    return step
+           str(Path(__file__).relative_to(REPO)), "disk", str(out), str(tiny_model_dir), json.dumps(SETTINGS),
+           str(POOL_ROWS)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    for dtype, top in SETTINGS:
+        assert (out / f"run_{dtype}_{top}" / "checkpoints" / "latest").exists(), r.stdout[-3000:] + r.stderr[-3000:]
+    return out
 
 
 def _bytes(files) -> int:
@@ -77,13 +91,13 @@ def _bytes(files) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@pytest.mark.parametrize("dtype, top", [("bf16", 0), ("fp32", 1)])
-def test_disk_formula_matches_a_real_save(tmp_path, tiny_model_dir, dtype, top):
+@pytest.mark.parametrize("dtype, top", SETTINGS)
+def test_disk_formula_matches_a_real_save(saves, tiny_model_dir, dtype, top):
     from training import memory_plan as mp
     from training.config import Config
 
-    world, pool_rows = 2, 128            # each rank saves the same 128-question pool
-    step = _run_worker(tmp_path, tiny_model_dir, dtype, top, pool_rows)
+    world, pool_rows = 2, POOL_ROWS
+    step = saves / f"run_{dtype}_{top}" / "checkpoints" / "step_000001"
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.train_top_layers = str(tiny_model_dir), dtype, top
     cfg.selfplay.pool_size = pool_rows
@@ -142,4 +156,4 @@ def test_kept_saves_follow_save_every_and_max_ckpts():
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["disk"]:
-    worker(Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))
+    worker(Path(sys.argv[2]), Path(sys.argv[3]), [tuple(x) for x in json.loads(sys.argv[4])], int(sys.argv[5]))

@@ -37,9 +37,21 @@ def _env() -> dict:
 
 
 def _run(cmd: list[str], log: Path) -> None:
+    _wait(_start(cmd, log), log)
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
     with log.open("w") as f:
-        rc = subprocess.run([sys.executable, *cmd], cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT,
-                            timeout=900).returncode
+        return subprocess.Popen([sys.executable, *cmd], cwd=REPO, env=_env(), stdout=f, stderr=subprocess.STDOUT)
+
+
+def _wait(proc: subprocess.Popen, log: Path) -> None:
+    try:
+        rc = proc.wait(timeout=900)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
     assert rc == 0, log.read_text()[-4000:]
 
 
@@ -87,11 +99,19 @@ def test_rl_raises_a_rigged_reward_against_an_lr0_control(tiny_model_dir, tmp_pa
               "--max_turns", "1", "--max_tokens_per_turn", "16", "--max_total_tokens", "256", "--max_model_len", "512",
               "--micro_token_budget", "512", "--total_steps", str(STEPS), "--train_top_layers", "1",
               "--save_every", "0", "--tensorboard", "false", "--sample_every", "0"]
-    runs = {}
-    for name, lr in (("rl", "2e-3"), ("control", "0")):
-        out = tmp_path / name
-        _run(common + ["--lr", lr, "--output_dir", str(out)], tmp_path / f"{name}.log")
-        runs[name] = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    # The run and its control are independent one-rank processes (one thread each): run side by side, on 2 cores
+    # they take the time of one.
+    procs = {name: _start(common + ["--lr", lr, "--output_dir", str(tmp_path / name)], tmp_path / f"{name}.log")
+             for name, lr in (("rl", "2e-3"), ("control", "0"))}
+    try:
+        for name, proc in procs.items():
+            _wait(proc, tmp_path / f"{name}.log")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    runs = {name: [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").open()] for name in procs}
     acc = {k: [m["solver/acc"] for m in v] for k, v in runs.items()}
     # the same seeds: step 1 samples the same answers from the same weights in both runs
     assert acc["rl"][0] == acc["control"][0]
