@@ -14,7 +14,7 @@ sent (training/hybrid.py: frozen weights never change, so they are never re-sent
 
 Correctness: after every sync the rollout/train log-prob gap on a short sample must be near 0
 (fp32: ~1e-5), so a fast but wrong sync cannot pass. As a control the same gap is measured just
-before the sync, on the stale weights: a check has power only if that one is clearly larger.
+before the sync, on the stale weights: in every round the gap after the sync must be 10x below it.
 Writes section "sync" of bench/RESULTS.md; `sync.seconds` etc. (fp32, all layers: the keys'
 old meaning) and `sync.<dtype>_<full|topN>.*` for every configuration to bench/results.json.
 """
@@ -126,11 +126,15 @@ def report(args, results: dict[tuple[str, int], dict]) -> tuple[dict, str]:
         rows.append([dtype, layers, f"{res['mb_sent']:.1f}", f"{int(dm)} MiB buckets (default)",
                      res["calls"][dm], statistics.median(td), min(td), max(td)])
         after, before = max(res["gaps"]), min(res["stale_gaps"])
-        checks.append([dtype, layers, f"{after:.2e}", f"{before:.2e}", "ok" if after < before / 10 else "NO POWER"])
+        # round by round: a stale or partial sync leaves the gap where it was on the stale weights (ratio ~1)
+        worst = max(a / max(b, 1e-30) for a, b in zip(res["gaps"], res["stale_gaps"]))
+        checks.append([dtype, layers, f"{after:.2e}", f"{before:.2e}", f"{worst:.2g}",
+                       "ok" if worst < 0.1 else "NO POWER"])
         k = f"sync.{label(dtype, top)}"
         keys.update({f"{k}.seconds": round(statistics.median(td), 4),
                      f"{k}.seconds_per_layer_buckets": round(statistics.median(t0), 4),
                      f"{k}.max_logprob_gap": after, f"{k}.min_stale_logprob_gap": before,
+                     f"{k}.worst_gap_ratio": worst,
                      f"{k}.mb_sent": round(res["mb_sent"], 1)})
         if (dtype, top) == ("fp32", 0):  # the keys' meaning before the other configurations existed
             keys.update({"sync.seconds": keys[f"{k}.seconds"],
@@ -142,10 +146,13 @@ def report(args, results: dict[tuple[str, int], dict]) -> tuple[dict, str]:
           f"invocation. With the top N layers trained only those and the final norm are sent. Target: < 0.5 s.\n\n"
           + md_table(["dtype", "trained layers", "MB sent / sync", "buckets", "reload calls / sync", "median s",
                       "min s", "max s"], rows)
-          + "\n\nCorrectness: max |rollout - train| sampled-token log-prob gap after the syncs, against the smallest "
-            "gap measured just before a sync, on the stale weights (a stale or partial sync would leave the gap "
-            "there; 'ok' = at least 10x below it).\n\n"
-          + md_table(["dtype", "trained layers", "max gap after sync", "min gap before sync (stale)", "check"], checks)
+          + "\n\nCorrectness: max |rollout - train| sampled-token log-prob gap after each sync, against the same gap "
+            "measured just before that sync, on the stale weights (a stale or partial sync would leave the gap "
+            "there). 'ok' = in every round the gap after the sync is at least 10x below the one before it (worst "
+            "round's ratio shown). In bf16 the gap after a good sync is not 0: vLLM's and the actor's bf16 kernels "
+            "round differently, by up to ~0.25 nats on a sampled low-probability token.\n\n"
+          + md_table(["dtype", "trained layers", "max gap after sync", "min gap before sync (stale)",
+                      "worst round: after / before", "check"], checks)
           + "\n")
     return keys, md
 
