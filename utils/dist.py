@@ -20,12 +20,42 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class _NoMlflowInDeepSpeedAutotuner:
+    """A meta-path finder that refuses `import mlflow` to DeepSpeed's autotuner, and to no one else.
+
+    `import deepspeed` imports deepspeed.autotuning.autotuner, which imports mlflow whenever it is
+    installed (it is, for --report_to mlflow) and uses it only to log autotuning experiments, which
+    this repo never runs. That import cost 2-3.5 s of CPU in every process that imports DeepSpeed
+    (each rank of each launch). The autotuner catches the ImportError and sets has_mlflow = False;
+    utils/trackers.py imports mlflow itself, which this finder lets through."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "mlflow":
+            f = sys._getframe(1)
+            while f is not None:
+                if f.f_globals.get("__name__") == "deepspeed.autotuning.autotuner":
+                    raise ImportError("mlflow is not imported by DeepSpeed's autotuner here (utils/dist.py)")
+                f = f.f_back
+        return None  # not ours: the next finder looks
+
+    def invalidate_caches(self) -> None:
+        pass
+
+
+def keep_mlflow_out_of_deepspeed() -> None:
+    """Install _NoMlflowInDeepSpeedAutotuner (once) before DeepSpeed is imported."""
+    if not any(isinstance(f, _NoMlflowInDeepSpeedAutotuner) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoMlflowInDeepSpeedAutotuner())
+
+
 def prepare_launch_env() -> None:
     """What an entry point (train.py, training/sft.py) sets before torch / DeepSpeed are imported:
-    DeepSpeed's CPU accelerator where there is no GPU, quiet tokenizers, and no warning line per
-    ZeRO-3 gather / reduce-scatter (DeepSpeed 0.19 calls deprecated torch collectives there)."""
+    DeepSpeed's CPU accelerator where there is no GPU, quiet tokenizers, no warning line per
+    ZeRO-3 gather / reduce-scatter (DeepSpeed 0.19 calls deprecated torch collectives there), and
+    no mlflow import inside DeepSpeed's."""
     import warnings
 
+    keep_mlflow_out_of_deepspeed()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
     if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
@@ -77,6 +107,7 @@ def init_distributed(backend: str | None = None) -> None:
     setup_env_for_single_process()
     if dist.is_initialized():
         return
+    keep_mlflow_out_of_deepspeed()
     import deepspeed
 
     cuda = torch.cuda.is_available()

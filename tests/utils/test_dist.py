@@ -121,3 +121,28 @@ def test_helpers_over_two_gloo_ranks(tmp_path):
         assert out["objects"] == ["r0", "r1"]
         assert out["packing"] == 7
         assert out["advantages"] == [2.0, 1.0]
+
+
+def test_deepspeed_is_imported_without_mlflow_which_stays_importable():
+    """DeepSpeed's autotuner imports mlflow when it is installed (2-3.5 s of CPU in every rank of every launch);
+    after prepare_launch_env it finds none and sets has_mlflow = False, while the trackers can still import it."""
+    import importlib.util
+
+    autotuner = Path(importlib.util.find_spec("deepspeed").origin).parent / "autotuning" / "autotuner.py"
+    assert "import mlflow" in autotuner.read_text()  # the premise: if DeepSpeed drops the import, drop the finder
+    code = textwrap.dedent("""
+        import sys
+        from utils.dist import prepare_launch_env
+        prepare_launch_env()
+        prepare_launch_env()  # installed once
+        import deepspeed  # noqa: F401
+        from deepspeed.autotuning import autotuner
+        from utils.dist import _NoMlflowInDeepSpeedAutotuner as F
+        print(autotuner.has_mlflow, "mlflow" in sys.modules, sum(isinstance(f, F) for f in sys.meta_path))
+        import mlflow
+        print(mlflow.__name__)
+    """)
+    env = dict(os.environ, DS_ACCELERATOR="cpu", PYTHONPATH=str(REPO))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split("\n")[-3:-1] == ["False False 1", "mlflow"], r.stdout
