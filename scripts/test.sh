@@ -12,7 +12,9 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 # The data the tests read: corpus, eval sets, the converted SmolLM2 folder (idempotent, ~1 min the first time).
 .venv/bin/python scripts/prepare_data.py
 set +e
-.venv/bin/python -m pytest "$@"
+# Two workers (TEST_WORKERS=0 runs in one process): most tests run one process on one thread, so one worker
+# leaves a core of a 2-core box idle. Whole files go to a worker, heaviest first (tests/conftest.py: HEAVY_FIRST).
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that must never count as a pass.

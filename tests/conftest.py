@@ -21,7 +21,26 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+# The heaviest test files (serial seconds on a 2-core AMX box, 2026-11-26), longest first. scripts/test.sh runs
+# pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in
+# collection order, so the long ones must start first or one worker ends the run alone. Only the order changes.
+HEAVY_FIRST = ["tests/test_learning_proof_script.py",   # ~410 s: the whole ladder at smoke scale
+               "tests/test_scripts.py",                 # ~180 s: every per-size script through the launcher
+               "tests/training/test_trainer.py",        # ~160 s
+               "tests/test_demo_script.py",             # ~145 s
+               "tests/training/test_modes.py",          # ~100 s
+               "tests/test_readme_gpu_quickstart.py",   # ~90 s
+               "tests/training/test_learns.py",
+               "tests/training/test_checkpoint.py",
+               "tests/training/test_update.py",
+               "tests/training/test_critic_update.py",
+               "tests/test_eval.py",
+               "tests/training/test_hybrid_sleep.py"]
+
+
 def pytest_collection_modifyitems(config, items):
+    rank = {str(REPO / name): i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(str(item.path), len(rank)))  # stable: the rest keep their order
     try:
         import torch
         has_gpu = torch.cuda.is_available()
