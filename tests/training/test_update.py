@@ -9,33 +9,12 @@ exact-resume tests passed over) shows here.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-
-from utils.dist import free_port
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _run(model_dir: Path, tmp_path: Path, world: int, *extra: str) -> dict:
-    out = tmp_path / f"update_{world}{'_'.join(extra)}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
-               TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port",
-           str(free_port()), str(REPO / "tests/training/update_worker.py"), str(model_dir), str(out), *extra]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_micro_batches_accumulate_to_the_whole_batch_gradient(tiny_model_dir, tmp_path, world):
-    res = _run(tiny_model_dir, tmp_path, world)
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(torchrun_worker, world):
+    res = torchrun_worker("update_worker", world)
     assert res["rank0_micro_batches"] >= 3                 # several micro-batches per step, so accumulation matters
     assert 0.1 < res["clip_frac"] < 0.9                     # the clip range acts on a good share of tokens
     if world == 2:
@@ -54,19 +33,19 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(tiny_model_dir, tm
     assert res["after_nan_rel_err"] < 1e-4, res
 
 
-def test_the_check_catches_a_forward_that_bypasses_the_engine(tiny_model_dir, tmp_path):
+def test_the_check_catches_a_forward_that_bypasses_the_engine(torchrun_worker):
     """Negative control: the code before the fix (forward through engine.module) kept only the last
     micro-batch's gradient; the same assertions must fail on it."""
-    res = _run(tiny_model_dir, tmp_path, 2, "--bypass=forward")
+    res = torchrun_worker("update_worker", 2, "--bypass=forward")
     assert res["grad_rl_rel_err"] > 0.1 and res["grad_sft_rel_err"] > 0.1 and res["sgd_rel_err"] > 0.1, res
 
 
-def test_ppo_epochs_log_the_mean_loss_per_optimizer_step(tiny_model_dir, tmp_path):
+def test_ppo_epochs_log_the_mean_loss_per_optimizer_step(torchrun_worker):
     """2 epochs x 2 mini-batches (4 optimizer steps; in sequential mode one per role present in a
     mini-batch) at lr 0, where every optimizer step's loss equals that of one combined step: the
     logged losses are the per-step mean (they were the sum over steps) and num_tokens counts the
     step's tokens once (it was counted once per epoch)."""
-    res = _run(tiny_model_dir, tmp_path, 1, "--phase=epochs")
+    res = torchrun_worker("update_worker", 1, "--phase=epochs")
     assert res["moved"] == 0.0, res
     one = res["single"]
     assert one["actor/optimizer_steps"] == 1 and one["actor/pg_loss"] != 0 and one["actor/kl_loss"] > 0, one
