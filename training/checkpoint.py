@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from utils import dist as D
+from utils.trackers import flat as _flat  # nested config dict -> {"group.field": value}
 
 TAG_RE = re.compile(r"^step_(\d+)$")
 RUN_ID = "run_id"
@@ -83,16 +84,6 @@ def fault_point(where: str, step: int) -> None:
 
 
 # ----------------------------------------------------------------------------- the run folder
-
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
 
 def config_diff(old: dict, new: dict) -> dict[str, tuple]:
     """{"group.field": (old, new)} for every run-defining field whose value differs. A field the

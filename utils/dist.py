@@ -38,9 +38,6 @@ class _NoMlflowInDeepSpeedAutotuner:
                 f = f.f_back
         return None  # not ours: the next finder looks
 
-    def invalidate_caches(self) -> None:
-        pass
-
 
 def keep_mlflow_out_of_deepspeed() -> None:
     """Install _NoMlflowInDeepSpeedAutotuner (once) before DeepSpeed is imported."""
