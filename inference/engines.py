@@ -249,6 +249,21 @@ def _shield_vllm_cpu_kernel_scan():
             ns[attr] = value
 
 
+def _eager_torch_compile() -> None:
+    """On CPU, run every torch.compile'd function eagerly in this process (torch.compiler.set_stance).
+
+    With enforce_eager the model itself is never compiled, but vLLM's sampler still compiles one
+    helper the first time log-probs are asked for (vllm/v1/sample/ops/logprobs.py:
+    batched_count_greater_than, `(x >= values).sum(-1)`): dynamo plus a C++ build or cache load,
+    about 2.5 CPU-seconds of every engine's start on the 2-core box, for a count the eager op
+    gives exactly (tests/inference/test_engines.py compares the ranks). Nothing else in the
+    project compiles; the GPU path keeps torch.compile.
+    """
+    import torch
+
+    torch.compiler.set_stance("force_eager")
+
+
 def _hide_bad_attributes(hidden: list[tuple[dict, str, Any]]) -> None:
     for mod in list(sys.modules.values()):
         ns = getattr(mod, "__dict__", None)
@@ -409,6 +424,8 @@ class VLLMEngine:
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_kwargs)
         shield = _shield_vllm_cpu_kernel_scan() if self.is_cpu else contextlib.nullcontext()
+        if self.is_cpu:
+            _eager_torch_compile()
         import torch.distributed as dist
 
         pg_existed = dist.is_available() and dist.is_initialized()

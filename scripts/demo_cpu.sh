@@ -46,6 +46,8 @@ PORT=${PORT:-8765}
 PROPOSER_SEARCH=${PROPOSER_SEARCH:-retriever}
 SOLVER_SEARCH=${SOLVER_SEARCH:-retriever}
 EVAL_LIMIT=${EVAL_LIMIT:-16}   # rows per eval file
+MAX_TOKENS_PER_TURN=${MAX_TOKENS_PER_TURN:-64}   # the rollout protocol's tokens per model turn, RL and eval alike
+                                                 # (the smoke test's 16 cuts its generation, not its path)
 REPORT_TO=${REPORT_TO:-tensorboard}  # --report_to: tensorboard, wandb, mlflow (comma list); eval sends its table to the last two
 EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl data/eval/wiki_desc_heldout.jsonl)
 
@@ -56,7 +58,7 @@ PY=.venv/bin/python
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
-NPROC=$(nproc)
+NPROC=${NPROC:-$(nproc)}   # cores the demo may use (SFT and eval threads; the 2 ranks get NPROC/2 each)
 export DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$NPROC $PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval alike
 mkdir -p "$OUT"
 TIMES="$OUT/timings.tsv"
@@ -97,7 +99,7 @@ EOF
 stage_done retriever
 
 # Shared rollout protocol of SFT rendering, RL and eval (the learning proof's; kept identical on purpose).
-PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
+PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_tokens 1024 --max_info_tokens 160)
 TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl

