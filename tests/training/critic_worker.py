@@ -1,23 +1,30 @@
 """Run under torchrun by tests/training/test_critic_update.py: one PPO step with a critic under ZeRO-3,
 against plain torch on the whole batch (an independent reference, not another run of our code).
 
-    torchrun --nproc_per_node {1,2} tests/training/critic_worker.py MODEL_DIR OUT.json [--phase=sgd|control]
-        [--bypass=critic_forward]
+    torchrun --nproc_per_node {1,2} tests/training/critic_worker.py MODEL_DIR OUT.json
+        [--phases=sgd[,bypass][,control]]
 
---phase=sgd (default): the solver uses gae, the proposer reinforce++ (per-role estimators mix). The
+OUT.json holds one sub-dict per phase run, in this order ({"sgd": {...}, "bypass": {...}, ...}).
+test_critic_update.py launches twice: 1 rank with --phases=sgd,control, 2 ranks with --phases=sgd,bypass.
+
+sgd (the default): the solver uses gae, the proposer reinforce++ (per-role estimators mix). The
   trainer's path (training.critic.step_values -> training.advantages.role_advantages -> ppo_update for
   the actor, train_step_critic for the critic; plain SGD in both) against a reference that runs each
   unpacked sequence through eager attention, GAE as a plain loop over sampled tokens, the whitening, the
   clipped surrogate and the value loss by their formulas: each of actor and critic must move by -lr * g.
---phase=control: a positive control on one rank. Two fixed prompts, each with a constant reward (1.0
+bypass: a negative control, after sgd: the sgd phase again on freshly built engines and references
+  (the same start as sgd's: each phase starts from the torch RNG state the launch started with, which
+  initialises the critic's score head), with the critic's forward through engine.module (skipping
+  DeepSpeedEngine.forward): the gradient of all but the last micro-batch is lost, which the check must see.
+  The patch stays installed, so nothing that uses the critic's forward runs after it.
+control: a positive control on one rank. Two fixed prompts, each with a constant reward (1.0
   and -0.5): under AdamW the critic's values converge to each prompt's reward and the explained
   variance rises.
---bypass=critic_forward runs the critic's forward through engine.module (skipping
-  DeepSpeedEngine.forward): the gradient of all but the last micro-batch is lost, which the check must see.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -107,13 +114,17 @@ def rel_err(got: dict, want: dict) -> float:
 def sgd_phase(cfg, model_dir, rank, world, bypass) -> dict:
     import deepspeed
     from transformers import AutoModelForCausalLM
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     import training.critic as CR
     from training.advantages import role_advantages
     from training.engine_builder import _load_model, build_critic, build_ds_config
     from training.update import ppo_update
 
-    # the references first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3)
+    # the references first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3);
+    # in a later call, the last call's engines and HfDeepSpeedConfigs must be gone
+    gc.collect()
+    assert not is_deepspeed_zero3_enabled(), "an HfDeepSpeedConfig outlived the last sgd_phase"
     ref_actor = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
     ref_critic = CR.load_value_model(model_dir, torch.float32, "eager")
     ds_config = {**build_ds_config(cfg), "zero_allow_untested_optimizer": True}
@@ -213,10 +224,14 @@ def control_phase(cfg, steps: int = 40) -> dict:
     return {"ev": evs, "gap": gaps}
 
 
+PHASES = ("sgd", "bypass", "control")
+
+
 def main() -> None:
     model_dir, out_path = sys.argv[1], Path(sys.argv[2])
-    phase = next((a.split("=")[1] for a in sys.argv if a.startswith("--phase=")), "sgd")
-    bypass = next((a.split("=")[1] for a in sys.argv if a.startswith("--bypass=")), "")
+    phases = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--phases=")), "sgd").split(",")
+    assert all(p in PHASES for p in phases) and phases == sorted(set(phases), key=PHASES.index), phases
+    assert not {"bypass", "control"} <= set(phases), "control must not run with the bypass installed"
     D.init_distributed()
     rank, world = D.rank(), D.world_size()
     cfg = Config()
@@ -229,11 +244,17 @@ def main() -> None:
     c = cfg.critic
     c.critic_lr, c.critic_max_grad_norm, c.gae_gamma, c.gae_lambda = LR_C, 1e9, GAMMA, LAM
     c.critic_gradient_checkpointing = False
-    if phase == "control":
-        c.critic_lr = 2e-3
-        res = control_phase(cfg)
-    else:
-        res = sgd_phase(cfg, model_dir, rank, world, bypass)
+    res: dict = {}
+    rng = torch.random.get_rng_state()      # the critic's score head is initialised from it
+    for phase in phases:
+        torch.random.set_rng_state(rng)     # so bypass builds the very critic that sgd built
+        if phase == "sgd":
+            res["sgd"] = sgd_phase(cfg, model_dir, rank, world, "")
+        elif phase == "bypass":
+            res["bypass"] = sgd_phase(cfg, model_dir, rank, world, "critic_forward")
+        else:
+            c.critic_lr = 2e-3
+            res["control"] = control_phase(cfg)
     if rank == 0:
         out_path.write_text(json.dumps(res, indent=2))
 

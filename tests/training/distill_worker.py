@@ -3,7 +3,9 @@ forward_topk and TopKTerm, inside training/update.py accumulate / ppo_update) un
 against plain torch on the whole batch: full-vocabulary logits of an eager HF forward per unpacked
 sequence, log_softmax, torch.topk, and the renormalised reverse KL written out below.
 
-    torchrun --nproc_per_node {1,2} tests/training/distill_worker.py MODEL_DIR OUT.json K
+    torchrun --nproc_per_node {1,2} tests/training/distill_worker.py MODEL_DIR OUT.json K[,K2..]
+
+Writes {"K": results, ..}: the phases below run once per K, in one process (a launch costs ~10 CPU-s of start-up).
 
 Phases (the optimizer never steps: engine.step only records the accumulated gradient, so every
 phase sees the same weights):
@@ -86,7 +88,7 @@ def main() -> None:
     from training.teacher import TopKTerm, forward_topk
     from training.update import accumulate, pack_equal, ppo_update
 
-    model_dir, out_path, k = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+    model_dir, out_path, ks = sys.argv[1], Path(sys.argv[2]), [int(k) for k in sys.argv[3].split(",")]
     D.init_distributed()
     rank, world = D.rank(), D.world_size()
     cfg = Config()
@@ -103,108 +105,113 @@ def main() -> None:
         engine.optimizer.zero_grad()
     engine.step = record_instead_of_step
 
-    vocab = ref.config.vocab_size
-    trajs = make_trajs(vocab)
-    seqs = teacher_seqs(trajs, vocab)
-    mine_idx = list(range(8)) if world == 1 else (list(range(7)) if rank == 0 else [7])
-    mine = [trajs[i] for i in mine_idx]
-    res: dict = {"world": world, "k": k, "vocab": vocab}
-    err = {}
+    def phases(k: int) -> dict:
+        """Every phase at top-K = k (the weights never move, so each k sees the same model)."""
+        vocab = ref.config.vocab_size
+        trajs = make_trajs(vocab)
+        seqs = teacher_seqs(trajs, vocab)
+        mine_idx = list(range(8)) if world == 1 else (list(range(7)) if rank == 0 else [7])
+        mine = [trajs[i] for i in mine_idx]
+        res: dict = {"world": world, "k": k, "vocab": vocab}
+        err = {}
 
-    # ---- teacher: forward_topk against torch.topk of the full log-softmax
-    want, want_full = reference_teacher(ref, trajs, seqs, k)
-    my_seq_idx = [i for i in mine_idx if i in seqs]
-    got_seqs = forward_topk(engine, [seqs[i] for i in my_seq_idx], k, TEMP, BUDGET)
-    teacher: list = [None] * len(mine)
-    id_mismatch, lp_err, off_rows = 0, 0.0, 0.0
-    for i, (ids, lps) in zip(my_seq_idx, got_seqs):
-        s, t = seqs[i], trajs[i]
-        m = torch.tensor(s.loss_mask, dtype=torch.bool)
-        off_rows = max(off_rows, float(lps[~m].abs().max()), float(ids[~m].abs().max()))
-        ids = torch.cat([torch.zeros(t.prompt_len, k, dtype=torch.long), ids[s.prompt_len:]])
-        lps = torch.cat([torch.zeros(t.prompt_len, k), lps[s.prompt_len:]])
-        sm = torch.tensor(t.loss_mask, dtype=torch.bool)
-        # the same top-K set (with K = V the order of near-equal tail values may differ)
-        id_mismatch += int((ids[sm].sort(-1).values != want[i][0][sm].sort(-1).values).any(-1).sum())
-        lp_err = max(lp_err, float((lps[sm] - want[i][1][sm]).abs().max()))
-        ids[~sm], lps[~sm] = -1, float("nan")       # poison: rows off the loss mask must never be read
-        teacher[mine_idx.index(i)] = (ids, lps)
-    res["teacher_id_mismatch"] = D.all_reduce_sum([id_mismatch])[0]
-    err["teacher_lp_err"], err["teacher_off_rows"] = lp_err, off_rows
+        # ---- teacher: forward_topk against torch.topk of the full log-softmax
+        want, want_full = reference_teacher(ref, trajs, seqs, k)
+        my_seq_idx = [i for i in mine_idx if i in seqs]
+        got_seqs = forward_topk(engine, [seqs[i] for i in my_seq_idx], k, TEMP, BUDGET)
+        teacher: list = [None] * len(mine)
+        id_mismatch, lp_err, off_rows = 0, 0.0, 0.0
+        for i, (ids, lps) in zip(my_seq_idx, got_seqs):
+            s, t = seqs[i], trajs[i]
+            m = torch.tensor(s.loss_mask, dtype=torch.bool)
+            off_rows = max(off_rows, float(lps[~m].abs().max()), float(ids[~m].abs().max()))
+            ids = torch.cat([torch.zeros(t.prompt_len, k, dtype=torch.long), ids[s.prompt_len:]])
+            lps = torch.cat([torch.zeros(t.prompt_len, k), lps[s.prompt_len:]])
+            sm = torch.tensor(t.loss_mask, dtype=torch.bool)
+            # the same top-K set (with K = V the order of near-equal tail values may differ)
+            id_mismatch += int((ids[sm].sort(-1).values != want[i][0][sm].sort(-1).values).any(-1).sum())
+            lp_err = max(lp_err, float((lps[sm] - want[i][1][sm]).abs().max()))
+            ids[~sm], lps[~sm] = -1, float("nan")       # poison: rows off the loss mask must never be read
+            teacher[mine_idx.index(i)] = (ids, lps)
+        res["teacher_id_mismatch"] = D.all_reduce_sum([id_mismatch])[0]
+        err["teacher_lp_err"], err["teacher_off_rows"] = lp_err, off_rows
 
-    # ---- term: beta x the top-K term alone through accumulate
-    kl_graph = {i: reference_kl(ref, trajs[i], want[i]) for i in seqs}
-    kl_ref = {i: v.detach() for i, v in kl_graph.items()}
-    n_all = sum(sum(t.loss_mask) for t in trajs)             # the policy loss's token-mean normaliser
-    masks = {i: torch.tensor(trajs[i].loss_mask, dtype=torch.bool) for i in seqs}
-    ref.zero_grad(set_to_none=True)
-    (sum(kl_graph[i][masks[i]].sum() for i in seqs) * BETA / n_all).backward()
-    g_term_ref = {n: p.grad.clone() for n, p in ref.named_parameters()}
-    term = TopKTerm(mine, teacher, BETA, TEMP)
-    sub = list(reversed(range(len(mine))))      # packed in another order: head_extra must map mb -> sub -> mine
-    mbs, n_real = pack_equal([mine[j] for j in sub], BUDGET, term.per_token(sub))
-    normaliser = D.all_reduce_sum([sum(count_normaliser(mb.tensors["loss_mask"]) for mb in mbs)])[0]
-    assert normaliser == n_all, (normaliser, n_all)
-    kls = []
+        # ---- term: beta x the top-K term alone through accumulate
+        kl_graph = {i: reference_kl(ref, trajs[i], want[i]) for i in seqs}
+        kl_ref = {i: v.detach() for i, v in kl_graph.items()}
+        n_all = sum(sum(t.loss_mask) for t in trajs)             # the policy loss's token-mean normaliser
+        masks = {i: torch.tensor(trajs[i].loss_mask, dtype=torch.bool) for i in seqs}
+        ref.zero_grad(set_to_none=True)
+        (sum(kl_graph[i][masks[i]].sum() for i in seqs) * BETA / n_all).backward()
+        g_term_ref = {n: p.grad.clone() for n, p in ref.named_parameters()}
+        term = TopKTerm(mine, teacher, BETA, TEMP)
+        sub = list(reversed(range(len(mine))))      # packed in another order: head_extra must map mb -> sub -> mine
+        mbs, n_real = pack_equal([mine[j] for j in sub], BUDGET, term.per_token(sub))
+        normaliser = D.all_reduce_sum([sum(count_normaliser(mb.tensors["loss_mask"]) for mb in mbs)])[0]
+        assert normaliser == n_all, (normaliser, n_all)
+        kls = []
 
-    def term_only(mb, lp, ent, kl):
-        kls.append(kl.detach().cpu())
-        return term.add_loss((0.0 * lp.sum(), {}), mb, kl, normaliser, "token-mean")
+        def term_only(mb, lp, ent, kl):
+            kls.append(kl.detach().cpu())
+            return term.add_loss((0.0 * lp.sum(), {}), mb, kl, normaliser, "token-mean")
 
-    engine.train()
-    accumulate(engine, mbs, term_only, temperature=TEMP, head_extra=lambda mb: term.head_extra(mb, sub))
-    g_term = full_grads(engine)
-    engine.optimizer.zero_grad()
-    err["term_grad_rel_err"] = rel_err(g_term, g_term_ref)
-    res["term_grad_norm"] = sum(float(g.double().pow(2).sum()) for g in g_term_ref.values()) ** 0.5
-    kl_err = off_mask = full_err = 0.0
-    for j, kl in zip(sub, unpack_to_sequences(mbs[:n_real], kls[:n_real], len(mine))):
-        i = mine_idx[j]
-        use = torch.tensor(trajs[i].loss_mask, dtype=torch.bool) & (i in seqs)
-        off_mask = max(off_mask, float(kl[~use].abs().max()))
-        if i in seqs:
-            kl_err = max(kl_err, float((kl[use] - kl_ref[i][use]).abs().max()))
-            if k == vocab:   # the top-K set is the vocabulary: the exact reverse KL
-                with torch.no_grad():
-                    lp = logp_rows(ref, trajs[i].token_ids)
-                    full = (lp.exp() * (lp - want_full[i])).sum(-1)
-                full_err = max(full_err, float((kl[use] - full[use]).abs().max()))
-    err.update(term_kl_err=kl_err, term_off_mask=off_mask, full_kl_err=full_err)
-    res["kl_ref_mean"] = sum(float(kl_ref[i][masks[i]].sum()) for i in seqs) / sum(int(masks[i].sum()) for i in seqs)
+        engine.train()
+        accumulate(engine, mbs, term_only, temperature=TEMP, head_extra=lambda mb: term.head_extra(mb, sub))
+        g_term = full_grads(engine)
+        engine.optimizer.zero_grad()
+        err["term_grad_rel_err"] = rel_err(g_term, g_term_ref)
+        res["term_grad_norm"] = sum(float(g.double().pow(2).sum()) for g in g_term_ref.values()) ** 0.5
+        kl_err = off_mask = full_err = 0.0
+        for j, kl in zip(sub, unpack_to_sequences(mbs[:n_real], kls[:n_real], len(mine))):
+            i = mine_idx[j]
+            use = torch.tensor(trajs[i].loss_mask, dtype=torch.bool) & (i in seqs)
+            off_mask = max(off_mask, float(kl[~use].abs().max()))
+            if i in seqs:
+                kl_err = max(kl_err, float((kl[use] - kl_ref[i][use]).abs().max()))
+                if k == vocab:   # the top-K set is the vocabulary: the exact reverse KL
+                    with torch.no_grad():
+                        lp = logp_rows(ref, trajs[i].token_ids)
+                        full = (lp.exp() * (lp - want_full[i])).sum(-1)
+                    full_err = max(full_err, float((kl[use] - full[use]).abs().max()))
+        err.update(term_kl_err=kl_err, term_off_mask=off_mask, full_kl_err=full_err)
+        res["kl_ref_mean"] = sum(float(kl_ref[i][masks[i]].sum()) for i in seqs) / sum(int(masks[i].sum()) for i in seqs)
 
-    # ---- update: ppo_update's gradient without the term, at beta 0, and at BETA
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        old = [logp_rows(ref, t.token_ids).gather(1, torch.tensor(t.token_ids)[:, None])[:, 0]
-               + 0.3 * torch.randn(len(t.token_ids), generator=g) for t in trajs]
-    adv = [torch.full((len(t.token_ids),), (-1.0) ** i * (0.5 + 0.1 * i)) for i, t in enumerate(trajs)]
-    algo = AlgoArgs(clip_low=0.2, clip_high=0.28, entropy_coef=0.0)
-    metrics = {}
-    for name, beta in (("off", None), ("zero", 0.0), ("beta", BETA)):
-        d = None if beta is None else TopKTerm(mine, teacher, beta, TEMP)
-        metrics[name], n_steps, n_skipped = ppo_update(
-            engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
-            temperature=TEMP, micro_token_budget=BUDGET, distill=d)
-        assert n_steps == 1 and n_skipped == 0, (name, n_steps, n_skipped)
-    g_off, g_zero, g_beta = grads[-3:]
-    err["zero_vs_off_max_abs"] = max(float((g_zero[n] - g_off[n]).abs().max()) for n in g_off)
-    res["off_grad_max_abs"] = max(float(g_off[n].abs().max()) for n in g_off)
-    err["update_term_rel_err"] = rel_err({n: g_beta[n] - g_off[n] for n in g_off}, g_term_ref)
-    res["update_metrics"] = {n: {k2: v for k2, v in m.items() if k2.startswith("distill/")} for n, m in metrics.items()}
-    # sequential roles, 2 epochs x 2 mini-batches; the trajectories without a teacher play the proposer, so
-    # some optimizer steps hold no covered token (and rank 1 of 2 only dummies). The weights never move,
-    # so distill/kl, the mean over every update micro-batch, is still the reference's mean.
-    roles = [dataclasses.replace(t, role="proposer") if i in NO_TEACHER else t for i, t in zip(mine_idx, mine)]
-    algo = AlgoArgs(clip_low=0.2, clip_high=0.28, entropy_coef=0.0, update_mode="sequential", ppo_epochs=2,
-                    ppo_mini_batches=2)
-    m, n_steps, n_skipped = ppo_update(engine, roles, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None,
-                                       algo, temperature=TEMP, micro_token_budget=BUDGET,
-                                       distill=TopKTerm(roles, teacher, BETA, TEMP))
-    res["sequential"] = {"optimizer_steps": n_steps, "skipped": n_skipped, "distill/kl": m["distill/kl"]}
-    for key, v in err.items():
-        res[key] = D.all_reduce_max(v)
+        # ---- update: ppo_update's gradient without the term, at beta 0, and at BETA
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            old = [logp_rows(ref, t.token_ids).gather(1, torch.tensor(t.token_ids)[:, None])[:, 0]
+                   + 0.3 * torch.randn(len(t.token_ids), generator=g) for t in trajs]
+        adv = [torch.full((len(t.token_ids),), (-1.0) ** i * (0.5 + 0.1 * i)) for i, t in enumerate(trajs)]
+        algo = AlgoArgs(clip_low=0.2, clip_high=0.28, entropy_coef=0.0)
+        metrics = {}
+        for name, beta in (("off", None), ("zero", 0.0), ("beta", BETA)):
+            d = None if beta is None else TopKTerm(mine, teacher, beta, TEMP)
+            metrics[name], n_steps, n_skipped = ppo_update(
+                engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
+                temperature=TEMP, micro_token_budget=BUDGET, distill=d)
+            assert n_steps == 1 and n_skipped == 0, (name, n_steps, n_skipped)
+        g_off, g_zero, g_beta = grads[-3:]
+        err["zero_vs_off_max_abs"] = max(float((g_zero[n] - g_off[n]).abs().max()) for n in g_off)
+        res["off_grad_max_abs"] = max(float(g_off[n].abs().max()) for n in g_off)
+        err["update_term_rel_err"] = rel_err({n: g_beta[n] - g_off[n] for n in g_off}, g_term_ref)
+        res["update_metrics"] = {n: {k2: v for k2, v in m.items() if k2.startswith("distill/")} for n, m in metrics.items()}
+        # sequential roles, 2 epochs x 2 mini-batches; the trajectories without a teacher play the proposer, so
+        # some optimizer steps hold no covered token (and rank 1 of 2 only dummies). The weights never move,
+        # so distill/kl, the mean over every update micro-batch, is still the reference's mean.
+        roles = [dataclasses.replace(t, role="proposer") if i in NO_TEACHER else t for i, t in zip(mine_idx, mine)]
+        algo = AlgoArgs(clip_low=0.2, clip_high=0.28, entropy_coef=0.0, update_mode="sequential", ppo_epochs=2,
+                        ppo_mini_batches=2)
+        m, n_steps, n_skipped = ppo_update(engine, roles, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None,
+                                           algo, temperature=TEMP, micro_token_budget=BUDGET,
+                                           distill=TopKTerm(roles, teacher, BETA, TEMP))
+        res["sequential"] = {"optimizer_steps": n_steps, "skipped": n_skipped, "distill/kl": m["distill/kl"]}
+        for key, v in err.items():
+            res[key] = D.all_reduce_max(v)
+        return res
+
+    results = {str(k): phases(k) for k in ks}
     if rank == 0:
-        out_path.write_text(json.dumps(res, indent=2))
+        out_path.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

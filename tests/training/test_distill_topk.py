@@ -1,24 +1,18 @@
 """--distill topk wired end to end (issue 22): the teacher's top-K pass and the student's top-K reverse-KL
 term in the update, under ZeRO-3 over gloo, against plain torch on the whole batch.
 
-Each run is tests/training/distill_worker.py under torchrun (see its docstring for the phases). The
+tests/training/distill_worker.py runs under torchrun twice (1 rank: K = 8 and K = V; 2 ranks: K = 8; see
+its docstring for the phases). The
 model is a tiny random Llama with a 256-token vocabulary and a tied lm_head, so that K = V (the exact
 full-vocabulary KL) is cheap and the term's gradient reaches the embeddings through the tied weight.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from utils.dist import free_port
-
-REPO = Path(__file__).resolve().parents[2]
 VOCAB = 256
 
 
@@ -37,15 +31,20 @@ def small_vocab_model(tmp_path_factory) -> Path:
     return out
 
 
-def _run(model_dir: Path, tmp_path: Path, world: int, k: int) -> dict:
-    out = tmp_path / f"distill_{world}_{k}.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
-               TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), "--master_port",
-           str(free_port()), str(REPO / "tests/training/distill_worker.py"), str(model_dir), str(out), str(k)]
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    return json.loads(out.read_text())
+@pytest.fixture(scope="module")
+def runs(small_vocab_model, tmp_path_factory):
+    """runs(world) -> {K: results}: distill_worker.py at `world` ranks, launched once per module. One rank runs
+    K = 8 and K = V in one process, two ranks K = 8 (a launch costs ~10 CPU-s of start-up a rank)."""
+    from tests.training.launch import launch_worker
+
+    out_dir, done = tmp_path_factory.mktemp("distill"), {}
+    ks = {1: f"8,{VOCAB}", 2: "8"}
+
+    def run(world: int) -> dict:
+        if world not in done:
+            done[world] = launch_worker(small_vocab_model, out_dir, "distill_worker", world, ks[world], timeout=300)
+        return done[world]
+    return run
 
 
 def _check_term(res: dict) -> None:
@@ -60,8 +59,9 @@ def _check_term(res: dict) -> None:
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_topk_term_and_its_gradient_match_plain_torch(small_vocab_model, tmp_path, world):
-    res = _run(small_vocab_model, tmp_path, world, 8)
+def test_topk_term_and_its_gradient_match_plain_torch(runs, world):
+    res = runs(world)["8"]
+    assert res["world"] == world and res["k"] == 8, res
     _check_term(res)
     assert 0 < res["kl_ref_mean"] < 50, res
     # in ppo_update: beta 0 leaves the gradient of --distill off (to 1e-6), beta adds beta x the term's
@@ -77,8 +77,8 @@ def test_topk_term_and_its_gradient_match_plain_torch(small_vocab_model, tmp_pat
     assert seq["distill/kl"] == pytest.approx(res["kl_ref_mean"], rel=1e-5), (seq, res["kl_ref_mean"])
 
 
-def test_topk_with_k_equal_vocab_is_the_full_reverse_kl(small_vocab_model, tmp_path):
-    res = _run(small_vocab_model, tmp_path, 1, VOCAB)
+def test_topk_with_k_equal_vocab_is_the_full_reverse_kl(runs):
+    res = runs(1)[str(VOCAB)]
     assert res["k"] == res["vocab"] == VOCAB
     _check_term(res)
     assert res["full_kl_err"] < 1e-5 and res["kl_ref_mean"] > 0, res

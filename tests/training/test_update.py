@@ -1,6 +1,8 @@
 """The update path under ZeRO-3 over gloo, against plain torch on the whole batch.
 
-Each run is tests/training/update_worker.py under torchrun (1 and 2 ranks). The reference is an
+tests/training/update_worker.py runs under torchrun twice, shared by the tests of this module
+(torchrun_worker_once): 1 rank runs the main phases then the PPO-epochs one, 2 ranks the main phases then
+the negative control (the bypassed forward, installed after them). The reference is an
 independent computation: eager attention on each unpacked sequence, full-vocabulary log-softmax and
 the published clipped-surrogate formula, not our packing, chunked head or loss function. So a bug
 that two runs of our own code share (the lost micro-batch gradients that rank-invariance and
@@ -11,10 +13,20 @@ from __future__ import annotations
 
 import pytest
 
+# one launch per world size: the phases it runs, in order (update_worker.py's docstring)
+LAUNCH = {1: ("--phases=main,epochs",), 2: ("--phases=main,bypass", "--bypass=forward")}
+
+
+@pytest.fixture
+def launch(torchrun_worker_once):
+    """launch(world) -> {phase: results}: update_worker.py at `world` ranks, launched once per module."""
+    return lambda world: torchrun_worker_once("update_worker", world, *LAUNCH[world])
+
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_micro_batches_accumulate_to_the_whole_batch_gradient(torchrun_worker, world):
-    res = torchrun_worker("update_worker", world)
+def test_micro_batches_accumulate_to_the_whole_batch_gradient(launch, world):
+    res = launch(world)["main"]
+    assert res["world"] == world and res["bypass"] == "", res
     assert res["rank0_micro_batches"] >= 3                 # several micro-batches per step, so accumulation matters
     assert 0.1 < res["clip_frac"] < 0.9                     # the clip range acts on a good share of tokens
     if world == 2:
@@ -33,19 +45,21 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(torchrun_worker, w
     assert res["after_nan_rel_err"] < 1e-4, res
 
 
-def test_the_check_catches_a_forward_that_bypasses_the_engine(torchrun_worker):
+def test_the_check_catches_a_forward_that_bypasses_the_engine(launch):
     """Negative control: the code before the fix (forward through engine.module) kept only the last
-    micro-batch's gradient; the same assertions must fail on it."""
-    res = torchrun_worker("update_worker", 2, "--bypass=forward")
+    micro-batch's gradient; the same assertions must fail on it. In the 2-rank launch, after the main
+    phases, which the bypass then re-runs from the engine's current weights."""
+    res = launch(2)["bypass"]
+    assert res["world"] == 2 and res["bypass"] == "forward", res
     assert res["grad_rl_rel_err"] > 0.1 and res["grad_sft_rel_err"] > 0.1 and res["sgd_rel_err"] > 0.1, res
 
 
-def test_ppo_epochs_log_the_mean_loss_per_optimizer_step(torchrun_worker):
+def test_ppo_epochs_log_the_mean_loss_per_optimizer_step(launch):
     """2 epochs x 2 mini-batches (4 optimizer steps; in sequential mode one per role present in a
     mini-batch) at lr 0, where every optimizer step's loss equals that of one combined step: the
     logged losses are the per-step mean (they were the sum over steps) and num_tokens counts the
-    step's tokens once (it was counted once per epoch)."""
-    res = torchrun_worker("update_worker", 1, "--phase=epochs")
+    step's tokens once (it was counted once per epoch). In the 1-rank launch, after the main phases."""
+    res = launch(1)["epochs"]
     assert res["moved"] == 0.0, res
     one = res["single"]
     assert one["actor/optimizer_steps"] == 1 and one["actor/pg_loss"] != 0 and one["actor/kl_loss"] > 0, one

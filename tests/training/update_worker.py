@@ -1,10 +1,15 @@
 """Run under torchrun by tests/training/test_update.py: the trainer's update path under ZeRO-3
 against plain torch on the whole batch (an independent reference, not another run of our code).
 
-    torchrun --nproc_per_node {1,2} tests/training/update_worker.py MODEL_DIR OUT.json [--bypass=forward|scale]
-        [--phase=epochs]
+    torchrun --nproc_per_node {1,2} tests/training/update_worker.py MODEL_DIR OUT.json
+        [--phases=main[,bypass][,epochs]] [--bypass=forward|scale]
 
-Phases, each at weights gathered from the engine so the reference sees exactly the same model:
+OUT.json holds one sub-dict per phase run, in this order ({"main": {...}, "bypass": {...}, ...}).
+test_update.py launches twice: 1 rank with --phases=main,epochs, 2 ranks with --phases=main,bypass
+--bypass=forward.
+
+main (the default) runs these, each at weights gathered from the engine so the reference sees exactly
+the same model:
   grad_rl   accumulate() of the clipped-surrogate loss over several micro-batches per rank
             (rank 1 of 2 ends on an equalising pad) == gradient of the whole batch's loss
   grad_sft  the same for the SFT loss (token-mean NLL of the model-written tokens)
@@ -12,12 +17,14 @@ Phases, each at weights gathered from the engine so the reference sees exactly t
   nan       a NaN advantage on the last rank only: every rank skips that optimizer step, and the next
             step is exactly the whole batch's SGD step again (no stale gradient leaks into it)
 
---phase=epochs runs only this (the others are skipped):
-  epochs    what SSPTrainer.update logs at lr 0 for 2 PPO epochs x 2 mini-batches (combined and
-            sequential) against one combined optimizer step on the same trajectories
-
---bypass=forward runs the forward through engine.module (the code before the fix) and --bypass=scale
-leaves DeepSpeed's averaging over ranks uncompensated: the test must see both.
+bypass      a negative control, after main: installs the --bypass (default forward) in training.update,
+            then runs main's phases again from the engine's current weights (the reference re-synced to
+            them): --bypass=forward runs the forward through engine.module (the code before the fix),
+            --bypass=scale leaves DeepSpeed's averaging over ranks uncompensated; the test must see both.
+epochs      what SSPTrainer.update logs at lr 0 for 2 PPO epochs x 2 mini-batches (combined and
+            sequential) against one combined optimizer step on the same trajectories, with the
+            reference re-synced to the engine's current weights. It sets lr 0 for good, so it runs
+            last, and never in a launch with bypass (whose patch would stay installed).
 """
 
 from __future__ import annotations
@@ -146,54 +153,44 @@ def epochs_phase(engine, ref, base, cfg) -> dict:
     return res
 
 
-def main() -> None:
-    import deepspeed
-    from transformers import AutoModelForCausalLM
+PHASES = ("main", "bypass", "epochs")
 
-    from training.engine_builder import _load_model, build_ds_config
-    from training.loss import policy_loss
-    from training.sft import sft_loss
-    from training.update import accumulate, pack_equal, ppo_update
 
-    model_dir, out_path = sys.argv[1], Path(sys.argv[2])
-    bypass = next((a.split("=")[1] for a in sys.argv if a.startswith("--bypass=")), "")
-    D.init_distributed()
-    rank, world = D.rank(), D.world_size()
-    cfg = Config()
-    cfg.model.model_path, cfg.model.dtype, cfg.model.attn_implementation = model_dir, "fp32", "sdpa"
-    cfg.optimisation.max_grad_norm = 1e9       # no clipping: the update is exactly -lr * g
-    # the reference first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3)
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
-    ds_config = {**build_ds_config(cfg), "zero_allow_untested_optimizer": True}  # plain SGD
-    model, _keep = _load_model(cfg, ds_config)
-    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
-                                      config=ds_config)
+def install_bypass(bypass: str) -> None:
+    """Patch training.update so the update path is the broken one: the negative control's code path."""
     import training.update as U
     if bypass == "forward":  # the code before the fix: the forward skipped DeepSpeedEngine.forward
         from training.logprobs import sequence_logprobs
         U.engine_logprobs = lambda e, mb, temp=1.0, ent=False, **kw: sequence_logprobs(e.module, mb, temp, ent)
-    if bypass == "scale":    # no compensation for DeepSpeed averaging gradients over ranks
+    elif bypass == "scale":  # no compensation for DeepSpeed averaging gradients over ranks
         U.dp_world_size = lambda e: 1
+    else:
+        raise ValueError(f"unknown --bypass={bypass}")
+
+
+def sync_reference(engine, ref) -> dict[str, torch.Tensor]:
+    """Load the engine's current (gathered) weights into the reference; returns them."""
+    w = gathered(engine)
+    with torch.no_grad():
+        for k, p in ref.named_parameters():
+            p.copy_(w[k])
+    ref.zero_grad(set_to_none=True)
+    return w
+
+
+def update_phases(engine, ref, trajs, rank: int, world: int, bypass: str) -> dict:
+    """grad_rl, grad_sft, sgd and nan (the module docstring), from the engine's current weights."""
+    from training.loss import policy_loss
+    from training.sft import sft_loss
+    from training.update import accumulate, pack_equal, ppo_update
+
     def sgd_step_by_hand():
         """-lr * g, g the reference's gradient of the whole batch's loss at its current weights."""
         loss, _ = reference_pg_loss(ref, trajs, adv_seq.tolist(), old)
         loss.backward()
         return {k: -LR * p.grad for k, p in ref.named_parameters()}
 
-    def sync_reference():
-        w = gathered(engine)
-        with torch.no_grad():
-            for k, p in ref.named_parameters():
-                p.copy_(w[k])
-        ref.zero_grad(set_to_none=True)
-        return w
-
-    trajs = make_trajs(ref.config.vocab_size)
-    if "--phase=epochs" in sys.argv:
-        res = epochs_phase(engine, ref, trajs, cfg)
-        if rank == 0:
-            out_path.write_text(json.dumps(res, indent=2))
-        return
+    engine.optimizer.zero_grad()
     # rank 0 gets 7 trajectories, rank 1 one: rank 1 runs out of micro-batches first and is padded last
     mine_idx = list(range(8)) if world == 1 else (list(range(7)) if rank == 0 else [7])
     mine = [trajs[i] for i in mine_idx]
@@ -207,7 +204,7 @@ def main() -> None:
         r = rewards[idx]
         adv_seq[idx] = (r - r.mean()) / (r.std() + 1e-6) + 0.1 * torch.arange(len(idx))
     g = torch.Generator().manual_seed(2)
-    w0 = sync_reference()
+    w0 = sync_reference(engine, ref)
     with torch.no_grad():
         old = [reference_logprobs(ref, t) + 0.3 * torch.randn(len(t.token_ids), generator=g) for t in trajs]
     adv = [torch.full((len(t.token_ids),), float(adv_seq[i])) for i, t in enumerate(trajs)]
@@ -236,7 +233,7 @@ def main() -> None:
     engine.optimizer.zero_grad()
 
     # ---- grad_sft: the SFT loss through the same path
-    sync_reference()
+    sync_reference(engine, ref)
     mbs, _ = pack_equal(mine, budget)
     n_tok = D.all_reduce_sum([sum(int(mb.tensors["loss_mask"].sum()) for mb in mbs)])[0]
     accumulate(engine, mbs, lambda mb, lp, ent: (sft_loss(lp, mb) / n_tok, {}))
@@ -246,7 +243,7 @@ def main() -> None:
     engine.optimizer.zero_grad()
 
     # ---- sgd: one ppo_update moves the weights by -lr * g (g of the whole batch, in plain torch)
-    w_before = sync_reference()
+    w_before = sync_reference(engine, ref)
     assert all(torch.equal(w_before[k], w0[k]) for k in w0), "the gradient phases must not move the weights"
     algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0)
     metrics, n_steps, _ = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
@@ -271,7 +268,7 @@ def main() -> None:
     res["nan_moved"] = max(float((w_after[k] - w_before[k]).abs().max()) for k in w_before)
     # the next step: exactly -lr * g of the whole batch at the current weights, so nothing of the
     # skipped step's accumulated gradient leaked into it
-    sync_reference()
+    sync_reference(engine, ref)
     _, _, n_skipped = ppo_update(engine, mine, [adv[i] for i in mine_idx], [old[i] for i in mine_idx], None, algo,
                                  temperature=1.0, micro_token_budget=budget)
     w_next = gathered(engine)
@@ -279,10 +276,46 @@ def main() -> None:
     res["after_nan_skipped"] = n_skipped
     res["after_nan_rel_err"] = rel_err({k: w_next[k] - w_after[k] for k in w_after}, expected)
     res["after_nan_moved"] = max(float((w_next[k] - w_after[k]).abs().max()) for k in w_after)
-    flags = D.all_gather_object({k: v for k, v in res.items() if k.startswith(f"rank{rank}_")})
+    engine.optimizer.zero_grad()
+    for f in D.all_gather_object({k: v for k, v in res.items() if k.startswith(f"rank{rank}_")}):
+        res.update(f)
+    return res
+
+
+def main() -> None:
+    import deepspeed
+    from transformers import AutoModelForCausalLM
+
+    from training.engine_builder import _load_model, build_ds_config
+
+    model_dir, out_path = sys.argv[1], Path(sys.argv[2])
+    phases = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--phases=")), "main").split(",")
+    bypass = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--bypass=")), "forward")
+    assert all(p in PHASES for p in phases) and phases == sorted(set(phases), key=PHASES.index), phases
+    assert not {"bypass", "epochs"} <= set(phases), "epochs must not run with the bypass installed"
+    D.init_distributed()
+    rank, world = D.rank(), D.world_size()
+    cfg = Config()
+    cfg.model.model_path, cfg.model.dtype, cfg.model.attn_implementation = model_dir, "fp32", "sdpa"
+    cfg.optimisation.max_grad_norm = 1e9       # no clipping: the update is exactly -lr * g
+    # the reference first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3)
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+    ds_config = {**build_ds_config(cfg), "zero_allow_untested_optimizer": True}  # plain SGD
+    model, _keep = _load_model(cfg, ds_config)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=LR),
+                                      config=ds_config)
+    trajs = make_trajs(ref.config.vocab_size)
+    res: dict = {}
+    for phase in phases:
+        if phase == "main":
+            res["main"] = update_phases(engine, ref, trajs, rank, world, "")
+        elif phase == "bypass":
+            install_bypass(bypass)
+            res["bypass"] = update_phases(engine, ref, trajs, rank, world, bypass)
+        else:
+            sync_reference(engine, ref)
+            res["epochs"] = epochs_phase(engine, ref, trajs, cfg)
     if rank == 0:
-        for f in flags:
-            res.update(f)
         out_path.write_text(json.dumps(res, indent=2))
 
 
