@@ -359,6 +359,9 @@ def build_engine(a: argparse.Namespace) -> Any:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from utils.dist import keep_unused_imports_out
+
+    keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
     print(settings_table(a), flush=True)
     from utils.logging import configure_logging

@@ -20,6 +20,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+from utils.dist import keep_unused_imports_out  # noqa: E402
+
+keep_unused_imports_out()  # as the entry points do: no sklearn inside transformers, no mlflow inside DeepSpeed
+
 
 # The heaviest test files (serial seconds on a 2-core AMX box, 2026-11-26), longest first. scripts/test.sh runs
 # pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in

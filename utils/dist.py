@@ -39,20 +39,45 @@ class _NoMlflowInDeepSpeedAutotuner:
         return None  # not ours: the next finder looks
 
 
-def keep_mlflow_out_of_deepspeed() -> None:
-    """Install _NoMlflowInDeepSpeedAutotuner (once) before DeepSpeed is imported."""
-    if not any(isinstance(f, _NoMlflowInDeepSpeedAutotuner) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoMlflowInDeepSpeedAutotuner())
+class _NoSklearnInTransformersGeneration:
+    """A meta-path finder that keeps transformers' generation code from importing scikit-learn.
+
+    transformers/generation/candidate_generator.py (imported by every model class) runs
+    `from sklearn.metrics import roc_curve` whenever scikit-learn is installed (it is: sentence-transformers
+    needs it), for assisted decoding's confidence-threshold tuning, which this repo never uses (vLLM and
+    HFEngine generate without an assistant model). sklearn brings scipy and pandas: 1.2-1.3 CPU-s of every
+    process that loads a model (each rank of each launch, each eval). When that module is about to be
+    imported, this finder makes `transformers.utils.is_sklearn_available` (the name the module reads)
+    answer False, and lets the import go on. Anyone else imports sklearn as usual."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "transformers.generation.candidate_generator":
+            tu = sys.modules.get("transformers.utils")
+            if tu is not None:
+                tu.is_sklearn_available = _sklearn_not_for_generation
+        return None  # not ours: the next finder looks
+
+
+def _sklearn_not_for_generation() -> bool:
+    return False
+
+
+def keep_unused_imports_out() -> None:
+    """Install _NoMlflowInDeepSpeedAutotuner and _NoSklearnInTransformersGeneration (once each) before DeepSpeed
+    or transformers is imported."""
+    for finder in (_NoMlflowInDeepSpeedAutotuner, _NoSklearnInTransformersGeneration):
+        if not any(isinstance(f, finder) for f in sys.meta_path):
+            sys.meta_path.insert(0, finder())
 
 
 def prepare_launch_env() -> None:
     """What an entry point (train.py, training/sft.py) sets before torch / DeepSpeed are imported:
     DeepSpeed's CPU accelerator where there is no GPU, quiet tokenizers, no warning line per
     ZeRO-3 gather / reduce-scatter (DeepSpeed 0.19 calls deprecated torch collectives there), and
-    no mlflow import inside DeepSpeed's."""
+    no mlflow import inside DeepSpeed's nor sklearn inside transformers' (keep_unused_imports_out)."""
     import warnings
 
-    keep_mlflow_out_of_deepspeed()
+    keep_unused_imports_out()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     warnings.filterwarnings("ignore", message=".*(all_gather_into_tensor|reduce_scatter_tensor).*is deprecated")
     if not os.environ.get("CUDA_VISIBLE_DEVICES") and not os.path.exists("/dev/nvidia0"):
@@ -104,7 +129,7 @@ def init_distributed(backend: str | None = None) -> None:
     setup_env_for_single_process()
     if dist.is_initialized():
         return
-    keep_mlflow_out_of_deepspeed()
+    keep_unused_imports_out()
     import deepspeed
 
     cuda = torch.cuda.is_available()

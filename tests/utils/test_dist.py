@@ -146,3 +146,35 @@ def test_deepspeed_is_imported_without_mlflow_which_stays_importable():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split("\n")[-3:-1] == ["False False 1", "mlflow"], r.stdout
+
+
+def test_a_model_loads_without_sklearn_which_stays_importable():
+    """transformers' generation code imports sklearn when it is installed (1.2-1.3 s of CPU in every process that
+    loads a model); after keep_unused_imports_out a model class loads and runs without it, and sklearn itself
+    still imports. Without the finder the same lines import sklearn (the control)."""
+    import importlib.util
+
+    gen = Path(importlib.util.find_spec("transformers").origin).parent / "generation" / "candidate_generator.py"
+    assert "from sklearn.metrics import roc_curve" in gen.read_text()  # the premise: if it goes, drop the finder
+    code = textwrap.dedent("""
+        import sys
+        if sys.argv[1] == "lean":
+            from utils.dist import keep_unused_imports_out
+            keep_unused_imports_out()
+        import torch
+        from transformers import LlamaConfig, LlamaForCausalLM
+        cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1)
+        out = LlamaForCausalLM(cfg).generate(torch.tensor([[1, 2, 3]]), max_new_tokens=4, do_sample=False)
+        print(out.shape[1], "sklearn" in sys.modules)
+        import sklearn.metrics
+        print(sklearn.metrics.roc_curve.__name__)
+    """)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    got = {}
+    for mode in ("lean", "plain"):
+        r = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True, cwd=REPO, env=env,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[mode] = r.stdout.split("\n")[-3:-1]
+    assert got == {"lean": ["7 False", "roc_curve"], "plain": ["7 True", "roc_curve"]}, got
