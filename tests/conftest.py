@@ -25,15 +25,15 @@ from utils.dist import keep_unused_imports_out  # noqa: E402
 keep_unused_imports_out()  # as the entry points do: no sklearn inside transformers, no mlflow inside DeepSpeed
 
 
-# The heaviest test files (serial seconds on a 2-core AMX box, 2026-11-26), longest first. scripts/test.sh runs
-# pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in
+# The heaviest test files (seconds on 2 workers on a 2-core AMX box, 2026-11-26), longest first. scripts/test.sh
+# runs pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in
 # collection order, so the long ones must start first or one worker ends the run alone. Only the order changes.
-HEAVY_FIRST = ["tests/test_learning_proof_script.py",   # ~410 s: the whole ladder at smoke scale
-               "tests/test_scripts.py",                 # ~180 s: every per-size script through the launcher
-               "tests/training/test_trainer.py",        # ~160 s
-               "tests/test_demo_script.py",             # ~145 s
-               "tests/training/test_modes.py",          # ~100 s
-               "tests/test_readme_gpu_quickstart.py",   # ~90 s
+HEAVY_FIRST = ["tests/test_learning_proof_script.py",   # ~290 s: the whole ladder at smoke scale
+               "tests/test_scripts.py",                 # ~140 s: every per-size script through the launcher
+               "tests/training/test_trainer.py",        # ~150 s
+               "tests/test_demo_script.py",             # ~130 s
+               "tests/training/test_modes.py",          # ~85 s
+               "tests/test_readme_gpu_quickstart.py",   # ~95 s
                "tests/training/test_learns.py",
                "tests/training/test_checkpoint.py",
                "tests/training/test_update.py",
