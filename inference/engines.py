@@ -255,9 +255,9 @@ def _eager_torch_compile() -> None:
     With enforce_eager the model itself is never compiled, but vLLM's sampler still compiles one
     helper the first time log-probs are asked for (vllm/v1/sample/ops/logprobs.py:
     batched_count_greater_than, `(x >= values).sum(-1)`): dynamo plus a C++ build or cache load,
-    about 2.5 CPU-seconds of every engine's start on the 2-core box, for a count the eager op
-    gives exactly (tests/inference/test_engines.py compares the ranks). Nothing else in the
-    project compiles; the GPU path keeps torch.compile.
+    about 2.5 CPU-seconds of every engine's start on the 2-core box, for a count the eager op gives
+    exactly (tests/inference/test_engines.py: no graph is captured while sampling, and the helper's
+    count equals the eager op's). Nothing else in the project compiles; the GPU path keeps torch.compile.
     """
     import torch
 

@@ -24,3 +24,12 @@ def launch_worker(model_dir: Path, out_dir: Path, worker: str, world: int, *extr
     r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def phases_from_argv(argv: list[str], allowed: tuple[str, ...], default: str, apart: tuple[str, str]) -> list[str]:
+    """A worker's --phases=a,b (default `default`): known names, each once, in the order of `allowed`, and
+    never both of `apart` (the negative control's patch stays installed for what runs after it)."""
+    phases = next((a.split("=", 1)[1] for a in argv if a.startswith("--phases=")), default).split(",")
+    assert all(p in allowed for p in phases) and phases == sorted(set(phases), key=allowed.index), phases
+    assert not set(apart) <= set(phases), f"{apart[1]} must not run with the {apart[0]} installed"
+    return phases
