@@ -21,16 +21,40 @@ def _mean_of(key):
     return f
 
 
-def _doc1_title_share(rows):
-    """Share of valid proposer questions whose answer is Doc 1's title of the proposer's first search."""
-    n = sum(r.get("game/valid_questions", 0.0) for r in rows)
-    return sum(r.get("game/valid_doc1_title", 0.0) for r in rows) / n if n else float("nan")
+def _ratio_of_sums(num, den):
+    """A share over a window of steps read off the game's summed counts (inference.game.is_count), each step
+    weighted by its count: sum(num) / sum(den); nan where the window has none (or predates the counts).
+    num may be a tuple of keys, summed."""
+    nums = (num,) if isinstance(num, str) else tuple(num)
+
+    def f(rows):
+        n = sum(r.get(den, 0.0) for r in rows)
+        return sum(r.get(k, 0.0) for r in rows for k in nums) / n if n else float("nan")
+    return f
 
 
-def _fresh_acc(rows):
-    """Solver accuracy on the proposer's own fresh questions, weighted by how many there were."""
-    n = sum(r.get("solver/fresh_trajs", 0.0) for r in rows)
-    return sum(r.get("solver/fresh_correct", 0.0) for r in rows) / n if n else float("nan")
+# Share of valid proposer questions whose answer is Doc 1's title of the proposer's first search.
+_doc1_title_share = _ratio_of_sums("game/valid_doc1_title", "game/valid_questions")
+# Solver accuracy on the proposer's own fresh questions, weighted by how many there were.
+_fresh_acc = _ratio_of_sums("solver/fresh_correct", "solver/fresh_trajs")
+# Solver groups whose rewards are not all equal: the only ones a group baseline draws a gradient from.
+_informative_share = _ratio_of_sums("game/informative_groups", "game/solver_groups")
+_FRESH = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
+
+
+def _fresh_share(key):
+    """Share of fresh questions whose solve rate is s = 0 / 0 < s < 1 / s = 1 (key one of _FRESH)."""
+    def f(rows):
+        n = sum(r.get(k, 0.0) for r in rows for k in _FRESH)
+        return sum(r.get(key, 0.0) for r in rows) / n if n else float("nan")
+    return f
+
+
+# the game's own columns, for the self-play rungs (2 and 3)
+GAME_COLUMNS = [("informative share", _informative_share), ("fresh s=0", _fresh_share("game/fresh_s0")),
+                ("fresh 0<s<1", _fresh_share("game/fresh_mid")), ("fresh s=1", _fresh_share("game/fresh_s1")),
+                ("no question", _ratio_of_sums("game/no_question", "game/proposer_trajs")),
+                ("pool-served acc", _ratio_of_sums("game/pool_served_correct", "game/pool_served_trajs"))]
 
 
 # per rung: (run-folder prefix, training curves (title, fn over a window of step rows), table columns)

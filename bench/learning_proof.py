@@ -56,7 +56,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learning_common import (NAN, READING_SOURCES, _doc1_title_share, _f, _fresh_acc, _json,  # noqa: E402
+from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, _doc1_title_share, _f, _fresh_acc,  # noqa: E402
+                                   _informative_share, _json,
                                    _mean_of, _num, em, hist_str, load_rung, mean_hist, pooled, pooled_hist, read_metrics,
                                    read_timings, searches, twohop_set, verdict)
 from bench.learning_compare import (COMPARISONS, answer_habits, compare_section, equal_wall_milestone,  # noqa: E402
@@ -76,10 +77,10 @@ RUNGS = {
     "ssp": ("seed",
             [("valid-question rate", _mean_of("game/valid_rate")),
              ("solver accuracy on fresh proposer questions (curriculum)", _fresh_acc),
-             ("proposer reward", _mean_of("proposer/reward_mean"))],
+             ("informative solver groups (rewards not all equal)", _informative_share)],
             [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
              ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
-             ("valid Q answer = proposer's Doc 1 title", _doc1_title_share)]),
+             ("valid Q answer = proposer's Doc 1 title", _doc1_title_share)] + GAME_COLUMNS),
     "qa_gae": ("qa_gae_seed",
                [("solver accuracy, training questions", _mean_of("solver/acc")),
                 ("critic explained variance", _mean_of("critic/explained_variance")),
@@ -94,7 +95,8 @@ RUNGS = {
                 [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
                  ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
                  ("valid Q answer = proposer's Doc 1 title", _doc1_title_share), ("distill/kl", _mean_of("distill/kl")),
-                 ("distill/coverage", _mean_of("distill/coverage")), ("teacher s/step", _mean_of("timing_s/teacher"))]),
+                 ("distill/coverage", _mean_of("distill/coverage")), ("teacher s/step", _mean_of("timing_s/teacher"))]
+                + GAME_COLUMNS),
 }
 # per rung: (its number, timings.tsv RL stage, timings.tsv eval stage prefix, what it trains)
 RUNG_META = {"qa": (1, "rl_qa", "eval_qa_step", "solver-only RL on fixed QA rows from the corpus (self-play off)"),
@@ -209,6 +211,14 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
             "title_copy_share": {"sft": _num(cp0), "final": _num(cp)},
             "searches_per_question": {"set": hop, "sft": {"mean": _num(sq0, 3), "hist": sh0},
                                       "final": {"mean": _num(sq, 3), "hist": mean_hist([h for _, h in sqs])}}}
+    if rung in ("ssp", "distill"):   # the game's signal over every training step up to the last milestone
+        game = {k: statistics.mean(fn([r for r in runs[s]["metrics"] if r["step"] <= last]) for s in seeds)
+                for k, fn in (("informative_share", _informative_share), ("valid_rate", _mean_of("game/valid_rate")),
+                              ("fresh_acc", _fresh_acc))}
+        keys.update({k: _num(v, 3) for k, v in game.items()})
+        md += (f"- the game, mean over training steps and seeds: informative solver groups {_f(game['informative_share'], '.2f')}, "
+               f"valid-question rate {_f(game['valid_rate'], '.2f')}, fresh-question solver accuracy "
+               f"{_f(game['fresh_acc'], '.2f')}.\n")
     return {f"{name}.{k}": v for k, v in keys.items()}, md, runs
 
 

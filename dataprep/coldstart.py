@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import random
 import re
 import sys
@@ -61,6 +60,7 @@ from dataprep.leak_check import EvalIndex, LeakError, check_no_leak, load_eval_f
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from inference.filters import FilterConfig, check_question
 from training.config import RolloutArgs, SelfPlayArgs
+from utils.logging import write_jsonl_atomic
 from utils.text import normalize_answer
 
 TOPK = 3
@@ -383,15 +383,6 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
 
 
 # ------------------------------------------------------------------ I/O and CLI
-def write_jsonl_atomic(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def read_jsonl(path: Path) -> list[dict]:
     with Path(path).open(encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

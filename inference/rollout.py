@@ -21,8 +21,9 @@ Modes:
     those blocks get mask 0 (found through character offsets of incremental decoding).
 
 stop_reason: "answer" (solver) | "question" (proposer) | "eos" (EOS without an action)
-| "max_tokens" (turn or total token budget used up) | "max_turns" | "no_action" (stopped on
-a stop string without a usable action, e.g. "</search>" with no opening tag).
+| "max_tokens" (turn or total token budget used up; info["cap"] says which: "turn" or "total")
+| "max_turns" (a search asked for in the last turn) | "no_action" (stopped on a stop string
+without a usable action, e.g. "</search>" with no opening tag).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class _State:
     action_kind: str = "none"
     action_content: str = ""
     pending_query: str | None = None  # search to serve before the next turn
+    cap: str = ""  # with stop_reason "max_tokens": "turn" (max_tokens_per_turn) or "total" (the trajectory's budget)
 
     @property
     def done(self) -> bool:
@@ -233,7 +235,7 @@ def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: S
         s.stop_reason = action.kind
     elif action.kind == "search" and search_fn is not None:
         if len(s.ids) >= limit:
-            s.stop_reason = "max_tokens"
+            s.stop_reason, s.cap = "max_tokens", "total"
         elif s.turns >= cfg.max_turns:
             s.stop_reason = "max_turns"
         else:
@@ -242,6 +244,8 @@ def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: S
         s.stop_reason = "eos"
     elif out.finish_reason == "length":
         s.stop_reason = "max_tokens"
+        # which cap cut it: the turn's own (max_tokens_per_turn) or the trajectory's total budget
+        s.cap = "turn" if len(out.token_ids) >= cfg.max_tokens_per_turn else "total"
     else:
         s.stop_reason = "no_action"
 
@@ -284,7 +288,7 @@ def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: Rollo
             body = format_docs(docs)
         block = _info_tokens(tok, body, cfg.max_info_tokens)
         if len(s.ids) + len(block) >= limit:
-            s.stop_reason = "max_tokens"  # no room left to read the documents and answer
+            s.stop_reason, s.cap = "max_tokens", "total"  # no room left to read the documents and answer
             continue
         if q:  # a search counts once its results are in the sequence the model reads
             s.queries.append(q)
@@ -336,6 +340,7 @@ def _to_trajectory(s: _State, tok: Any) -> Trajectory:
         "docs": s.docs,
         "search_failed": s.search_failed,
         "final_action": {"kind": s.action_kind, "content": s.action_content},
+        "cap": s.cap,
         "meta": dict(r.meta),
     }
     return Trajectory(

@@ -64,6 +64,15 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     # rungs 2 and 3 are also scored on the dev split at their last milestone (where settings are chosen)
     assert (out / "seed1" / "dev_step1" / "results.json").exists()
     assert (out / "distill_seed1" / "dev_step1" / "results.json").exists()
+    # the game's signal is logged in every step, and every trajectory is there to read (--dump_rollouts)
+    ssp_steps = [json.loads(x) for x in (out / "seed1" / "metrics.jsonl").read_text().splitlines()]
+    game = [m for m in ssp_steps if "game/valid_rate" in m]
+    assert game and all(k in game[0] for k in ("game/solver_groups", "game/informative_groups", "game/fresh_s0",
+                                               "game/no_question", "game/no_question/turn_cap", "game/pool_repeats"))
+    dumped = [json.loads(x) for f in sorted((out / "seed1" / "rollouts").glob("step_1.rank*.jsonl"))
+              for x in f.read_text().splitlines()]
+    assert {d["role"] for d in dumped} == {"proposer", "solver"}
+    assert sum(d["role"] == "proposer" for d in dumped) == game[0]["game/proposer_trajs"]
     qa_steps = [json.loads(x) for x in (out / "qa_seed1" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("train/solver_tokens", 0) > 0 and m.get("train/proposer_tokens", 1) == 0 for m in qa_steps)
 

@@ -49,7 +49,9 @@ def _run_folder(root, finals, steps=4, mid=2, prefix="seed", rl="rl", ev="eval_s
         for s in range(1, steps + 1):
             lines.append(json.dumps({"step": s, "game/valid_rate": 0.5, "proposer/reward_mean": 0.1 * s,
                                      "solver/reward_mean": 0.2, "solver/acc": 0.25, "solver/fresh_trajs": 4.0,
-                                     "solver/fresh_correct": float(s % 2)}))
+                                     "solver/fresh_correct": float(s % 2), "game/solver_groups": 4.0,
+                                     "game/informative_groups": 2.0 * (s % 2), "game/fresh_s0": 1.0,
+                                     "game/fresh_mid": float(s % 2), "game/fresh_s1": 0.0}))
         lines.append(json.dumps({"step": 2, "game/valid_rate": 0.9, "proposer/reward_mean": 9.0,
                                  "solver/reward_mean": 0.2}))  # a resumed step 2 replaces the crashed one
         (root / f"{prefix}{seed}" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
@@ -174,6 +176,20 @@ def test_fresh_question_accuracy_is_weighted_by_count():
     assert learning_proof._fresh_acc(rows) == pytest.approx(4 / 16)   # not the mean of 1.0 and 0.0
     import math
     assert math.isnan(learning_proof._fresh_acc([{"solver/fresh_trajs": 0.0}]))
+
+
+def test_the_games_signal_is_read_off_its_summed_counts(tmp_path, results):
+    """learning.informative_share / valid_rate / fresh_acc (issue 31): shares of counts summed over the steps,
+    the resumed step's line in place of the crashed one (which had no counts), each seed alike."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26})
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "--steps", "2", "4", "--png", str(tmp_path / "p.png")])
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning.informative_share"] == pytest.approx(4 / 12, abs=1e-3)   # steps 1, 3, 4: 2 + 2 + 0 of 12
+    assert keys["learning.valid_rate"] == pytest.approx(0.6, abs=1e-3)             # 0.5, 0.9 (resumed), 0.5, 0.5
+    assert keys["learning.fresh_acc"] == pytest.approx(2 / 12, abs=1e-3)
+    md = (results / "RESULTS.md").read_text()
+    assert "informative share" in md and "fresh 0<s<1" in md and "informative solver groups 0.33" in md
 
 
 def test_both_rl_rungs_get_their_own_sections_keys_and_one_plot(tmp_path, results):

@@ -49,6 +49,7 @@ DEFAULT_MAX_SHARD_SIZE = "5GB"  # per safetensors file of the HF export (save_pr
 # the run, and a different value in an existing output_dir is refused without --overwrite.
 OPERATIONAL = frozenset({
     "logging.output_dir", "logging.log_every", "logging.sample_every", "logging.tensorboard", "logging.report_to",
+    "logging.dump_rollouts",
     "optimisation.total_steps",       # extending a run; cosine/linear LR and the simulated-search noise
                                       # curriculum stretch to the new total from the resumed step on
     "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
@@ -64,7 +65,7 @@ OPERATIONAL = frozenset({
     "rollout.gpu_memory_utilization", "rollout.kv_cache_mb", "rollout.sync_bucket_mb",
     "search.retriever_url", "search.sim_url", "selfplay.judge_url",  # services move between restarts
 })
-STARTED_OVER = ("metrics.jsonl", "samples", "tensorboard", "trackers.json")  # deleted by --overwrite (trackers: new runs)
+STARTED_OVER = ("metrics.jsonl", "samples", "rollouts", "tensorboard", "trackers.json")  # deleted by --overwrite (trackers: new runs)
 
 
 def tag_for(step: int) -> str:

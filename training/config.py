@@ -256,6 +256,10 @@ class LogArgs:
     output_dir: str = F("runs/ssp", "run folder: config, logs, TensorBoard, samples, checkpoints")
     log_every: int = F(1, "steps between scalar logs")
     sample_every: int = F(5, "steps between text dumps of sample trajectories")
+    dump_rollouts: bool = F(False, "write every trajectory of every step, both roles, as JSON lines to "
+                                   "<output_dir>/rollouts/step_N.rankR.jsonl (veRL's rollout_data_dir): question, "
+                                   "answer, response, reward, why it stopped, why a question was refused, the "
+                                   "searches and the titles they returned; for reading what the game plays")
     tensorboard: bool = F(True, "write TensorBoard event files (false leaves tensorboard out of --report_to)")
     report_to: str = F("tensorboard", "where scalars, samples and the run config go besides metrics.jsonl: a comma "
                                       "list of tensorboard, wandb, mlflow (the HF Trainer's spelling), or none. Rank 0 "

@@ -32,14 +32,14 @@ from training.launch_env import demo_defaults_in_use, node_count
 from training.critic import step_values, train_step_critic
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
+from inference.game import is_count
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
 
-# Counts summed over ranks (the rest are means): every token count is a global count.
-SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "game/groups", "game/excluded_groups", "game/excluded_trajs",
-            "game/excluded/judge_failed", "game/excluded/search_failed", "search/sim_docs", "game/flat_solver_groups", "train/proposer_tokens", "train/solver_tokens", "game/proposer_trajs", "game/questions", "game/pool_fills", "game/rag_checked", "game/rag_unavailable",
-            "search/calls", "search/failures", "search/queries", "solver/fresh_trajs", "solver/fresh_correct",
-            "game/valid_questions", "game/valid_doc1_title")
+# Counts summed over ranks (the rest are means): every token count is a global count. The game's own counts
+# are inference.game.is_count's, named where the game makes them.
+SUM_KEYS = ("actor/num_tokens", "search/sim_failures", "search/sim_docs", "game/flat_solver_groups",
+            "train/proposer_tokens", "train/solver_tokens", "search/calls", "search/failures", "search/queries")
 
 
 class TimedSearch:
@@ -317,7 +317,7 @@ class SSPTrainer:
         times[f"timing_s/{key}"] = times.get(f"timing_s/{key}", 0.0) + time.perf_counter() - t0
 
     def train_step(self) -> dict:
-        from inference.game import play_round
+        from inference.game import play_round, shares, signal_counts
         from inference.rollout import RolloutConfig
 
         cfg, times = self.cfg, {}
@@ -344,14 +344,11 @@ class SSPTrainer:
                               pool=self.pool, step=self.step, qa_questions=qa)
         if cfg.search.self_search_format_reward:
             self._shape_self_search_rewards(game.trajectories, self.game_cfg.spam_divisor)
+            game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
         game_stats = self._reduce_game_stats(game.stats)
-        if game_stats.get("solver/fresh_trajs"):  # no fresh question anywhere this step: no value, not 0
-            game_stats["solver/acc_fresh"] = game_stats["solver/fresh_correct"] / game_stats["solver/fresh_trajs"]
-        if game_stats.get("game/valid_questions"):
-            game_stats["game/valid_doc1_title_share"] = (game_stats["game/valid_doc1_title"]
-                                                         / game_stats["game/valid_questions"])
+        game_stats.update(shares(game_stats))  # informative share, solve rates, question kinds: from global counts
         # Groups whose judging or search failed (inference/game.mark_excluded) never reach the loss;
         # past --max_failed_share of them over the window the run stops here, on every rank alike
         # (the counts are global), before it trains on the biased remainder.
@@ -413,6 +410,11 @@ class SSPTrainer:
         metrics.update({k: D.all_reduce_max(v) for k, v in sorted(times.items())})
         if cfg.logging.sample_every and (self.step + 1) % cfg.logging.sample_every == 0:
             self._dump_samples(game.trajectories)
+        if cfg.logging.dump_rollouts:
+            from inference.game import rollout_record
+            from utils.logging import write_jsonl_atomic
+            write_jsonl_atomic(self.out / "rollouts" / f"step_{self.step + 1}.rank{self.rank}.jsonl",
+                        [rollout_record(t) for t in game.trajectories])
         return metrics
 
     @staticmethod
@@ -509,7 +511,7 @@ class SSPTrainer:
         keys = sorted(set().union(*D.all_gather_object(sorted(m))))
         vals = D.all_reduce_sum([m.get(k, 0.0) for k in keys] + [float(k in m) for k in keys])
         n = len(keys)
-        return {k: (vals[i] if k.endswith("_loss") or k in SUM_KEYS else vals[i] / max(vals[n + i], 1.0))
+        return {k: (vals[i] if k.endswith("_loss") or k in SUM_KEYS or is_count(k) else vals[i] / max(vals[n + i], 1.0))
                 for i, k in enumerate(keys)}
 
     def _reduce_game_stats(self, stats: dict) -> dict:

@@ -76,6 +76,17 @@ def json_scalar(x: float) -> float | str:
     return "nan" if math.isnan(x) else ("inf" if x > 0 else "-inf")
 
 
+def write_jsonl_atomic(path: str | Path, rows: list[dict]) -> None:
+    """rows as JSON lines at path, written whole or not at all (a temporary file, then a rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    tmp.replace(path)
+
+
 def read_metrics(path: str | Path) -> list[dict]:
     """The rows of a metrics.jsonl, with the "nan" / "inf" / "-inf" strings back as floats."""
     rows = []

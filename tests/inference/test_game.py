@@ -20,6 +20,8 @@ from inference.engines import GenOutput
 from inference.filters import FILTER_REASONS
 from inference.game import (
     EXCLUSION_REASONS,
+    NO_QUESTION_WHY,
+    SOURCES,
     GameConfig,
     QuestionPool,
     _flat_docs,
@@ -46,6 +48,11 @@ STAT_KEYS = {
     *(f"game/filter/{r}" for r in FILTER_REASONS + ("rag_failed",)),
     *(f"judge/{k}" for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed")),
     "game/groups", "game/excluded_groups", "game/excluded_trajs", *(f"game/excluded/{r}" for r in EXCLUSION_REASONS),
+    # issue 31: the game's signal, solve rates, stops without a question, question kinds, the pool
+    "game/no_question", *(f"game/no_question/{w}" for w in NO_QUESTION_WHY), "game/valid_answer_in_text",
+    "game/valid_probed", "game/valid_one_search", "game/fresh_s0", "game/fresh_mid", "game/fresh_s1",
+    "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct", "game/solver_groups",
+    "game/informative_groups", *(f"game/{k}/{src}" for k in ("solver_groups", "informative_groups") for src in SOURCES),
 }
 SEED_POOL = [
     {"question": "What is the capital of Algeria?", "answer": ["Algiers"]},
