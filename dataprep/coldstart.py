@@ -57,6 +57,7 @@ from typing import Any
 
 from dataprep.clues import STOPWORDS, article_clues, clue_query, compose_question, desc_phrase, shorter_query, strip_parens
 from dataprep.leak_check import EvalIndex, LeakError, check_no_leak, load_eval_files
+from dataprep.protocol import Protocol, misfit
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from inference.filters import FilterConfig, check_question
 from training.config import RolloutArgs, SelfPlayArgs
@@ -300,8 +301,9 @@ def _proposer_batch(retriever, cands, topk, stats, n, fcfg):
     return demos
 
 
-def _take(cands, want, make, idx, stats, role, source, seen, key):
-    """Run `make` over candidate batches until `want` clean, unique demos exist; returns (demos, used)."""
+def _take(cands, want, make, idx, stats, role, source, seen, key, fits=lambda d: None):
+    """Run `make` over candidate batches until `want` clean, unique demos exist that fit the protocol (`fits`:
+    None, or why not); returns (demos, used)."""
     from tqdm import tqdm
 
     demos, used = [], 0
@@ -314,7 +316,9 @@ def _take(cands, want, make, idx, stats, role, source, seen, key):
             for d in make(batch):
                 if len(demos) >= want:
                     break
-                if key(d) in seen:
+                if (why := fits(d)) is not None:
+                    stats[(role, source, "does not fit the protocol: " + why.split(" >")[0].split(" of ")[0])] += 1
+                elif key(d) in seen:
                     stats[(role, source, "duplicate")] += 1
                 elif idx.overlaps(d):  # e.g. an eval question pasted into a query: never seen on clean data
                     stats[(role, source, "eval overlap in turn text")] += 1
@@ -327,12 +331,14 @@ def _take(cands, want, make, idx, stats, role, source, seen, key):
 
 def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: list[Any], solver_n: int,
                 proposer_n: int, seed: int = 0, topk: int = TOPK, min_searches: int = RL_MIN_SEARCHES,
-                max_turns: int = RL_MAX_TURNS) -> tuple[list[dict], Counter]:
+                max_turns: int = RL_MAX_TURNS, tok: Any = None, max_tokens_per_turn: int = 0) -> tuple[list[dict], Counter]:
     """Solver and proposer demos, shuffled together; and a Counter of (role, source, reason) drops.
 
     Proposer demos search n times, an equal share for each n in [min_searches, max_turns - 1] (the
-    RL trainer's flags of the same names; the defaults are its defaults), and each question passes
+    RL run's flags of the same names: the protocol, dataprep/protocol.py), and each question passes
     the trainer's filter with n searches required (searches_at_least_n: stricter than the default).
+    With a tokenizer and max_tokens_per_turn > 0, a demo with a model turn over that many tokens is
+    dropped and counted: a rollout under the protocol could never write it.
     """
     if not 1 <= min_searches <= max_turns - 1:
         raise ValueError(f"need 1 <= min_searches <= max_turns - 1 (room for the searches before the question); "
@@ -360,12 +366,15 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
 
     seen_q: set[str] = set()
     qkey = lambda d: normalize_answer(d["question"])  # noqa: E731
+    proto = Protocol(max_turns=max_turns, max_tokens_per_turn=max_tokens_per_turn, min_searches=min_searches) \
+        if tok is not None and max_tokens_per_turn > 0 else None
+    fits = (lambda d: misfit(d, tok, proto)) if proto else (lambda d: None)
     fan, _ = _take(fan_c, solver_n,
                    lambda b: _solver_batch(retriever, b, "fanoutqa_sub", lambda c: c["question"], topk, stats),
-                   idx, stats, "solver", "fanoutqa_sub", seen_q, qkey)
+                   idx, stats, "solver", "fanoutqa_sub", seen_q, qkey, fits)
     wsol, used = _take(wiki_c, solver_n - len(fan),
                        lambda b: _solver_batch(retriever, b, "wiki_desc", lambda c: c["desc"], topk, stats),
-                       idx, stats, "solver", "wiki_desc", seen_q, qkey)
+                       idx, stats, "solver", "wiki_desc", seen_q, qkey, fits)
     # The proposer gets the articles the solver never looked at, so the two roles teach different facts.
     # An equal share per n, as prepare_data draws the RL rows' n uniformly: a per-candidate draw
     # would tilt the set to small n, whose articles more often hold enough clue sentences.
@@ -374,7 +383,7 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
     for i, n in enumerate(ns):
         want = proposer_n // len(ns) + (i < proposer_n % len(ns))
         got, used_n = _take(rest, want, lambda b, n=n: _proposer_batch(retriever, b, topk, stats, n, fcfg), idx,
-                            stats, "proposer", PROPOSER_SOURCE, seen_a, lambda d: normalize_answer(d["answer"]))
+                            stats, "proposer", PROPOSER_SOURCE, seen_a, lambda d: normalize_answer(d["answer"]), fits)
         prop, rest = prop + got, rest[used_n:]
     demos = fan + wsol + prop
     rng.shuffle(demos)
@@ -432,10 +441,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--proposer_n", type=int, default=800, help="proposer demos to write")
     p.add_argument("--seed", type=int, default=0, help="seed for the candidate draw and the output order")
     p.add_argument("--topk", type=int, default=TOPK, help="docs per search (3 = the rollout default)")
-    p.add_argument("--min_searches", type=int, default=RL_MIN_SEARCHES,
+    # the rollout protocol the demos must fit (dataprep/protocol.py); the defaults are the CPU ladder's and demo's
+    proto = Protocol()
+    p.add_argument("--min_searches", type=int, default=proto.min_searches,
                    help="proposer demos search n >= this many times; keep it the RL run's --min_searches")
-    p.add_argument("--max_turns", type=int, default=RL_MAX_TURNS,
+    p.add_argument("--max_turns", type=int, default=proto.max_turns,
                    help="proposer demos search n <= max_turns - 1 times; keep it the RL run's --max_turns")
+    p.add_argument("--max_tokens_per_turn", type=int, default=proto.max_tokens_per_turn,
+                   help="a demo with a model turn longer than this (in --tokenizer's tokens) is dropped and counted; "
+                        "keep it the RL run's --max_tokens_per_turn (0 = no cap)")
+    p.add_argument("--tokenizer", type=Path, default=data / "models" / "SmolLM2-135M-Instruct",
+                   help="the policy's tokenizer, which --max_tokens_per_turn counts in")
     # inputs and output
     p.add_argument("--index", type=Path, default=data / "indexes" / "bm25", help="retriever index folder (BM25 or dense)")
     p.add_argument("--eval", type=Path, nargs="+", default=None,
@@ -491,8 +507,12 @@ def main(argv: list[str] | None = None) -> int:
         names += f", {a.heldout_out.name}"
         print(f"held-out eval set: {len(held)} description questions -> {a.heldout_out}")
     dev = json.loads((a.fanoutqa or assets.fanoutqa_dev()).read_text())
+    tok = None
+    if a.max_tokens_per_turn > 0:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(a.tokenizer)
     demos, stats = build_demos(retriever, wiki, dev, eval_rows, a.solver_n, a.proposer_n, a.seed, a.topk,
-                               a.min_searches, a.max_turns)
+                               a.min_searches, a.max_turns, tok, a.max_tokens_per_turn)
     for d in demos:
         validate_demo(d)
     report = check_no_leak(demos, eval_rows)  # the up-front filter should make this a formality; it is the guard

@@ -44,12 +44,14 @@ from typing import Any
 from dataprep.facts import BRIDGE_NP, Chain, Fact, chains, corpus_facts, read_corpus
 from dataprep.clues import sentences, strip_parens
 from dataprep.coldstart import read_jsonl, validate_demo, write_jsonl_atomic
+from dataprep.game_demos import QUOTE_WORDS, block_text, fact_proposer_demos, name_demos, quote, search_all
 from dataprep.leak_check import EvalIndex, check_no_leak, load_eval_files
-from utils.text import normalize_answer
+from dataprep.protocol import Protocol, add_protocol_args, fit_turn, misfit, protocol_of, read_protocol, write_protocol
+from inference.filters import FilterConfig
+from utils.text import contains_answer, normalize_answer
 
 NAMED_RELATIONS = {"capital", "largest_city", "official_language", "located_in", "capital_of", "founded_by",
                    "directed_by", "written_by", "named_after", "discovered_by", "born_in"}
-QUOTE_WORDS = 22  # a quoted sentence longer than this is cut to a window around the answer: a turn is 64 tokens
 MAX_PER_RELATION = 0.3  # no relation fills more than this share of the training facts (located_in would)
 # Chains are few (the corpus yields ~340, and the held-out set takes 150): each training chain's demo is
 # repeated up to this many times to fill the mix's two-search share (a fifth of the mix). With one copy,
@@ -57,34 +59,29 @@ MAX_PER_RELATION = 0.3  # no relation fills more than this share of the training
 CHAIN_DEMO_COPIES = 6
 
 
-def quote(sentence: str, answer: str, max_words: int = QUOTE_WORDS) -> str:
-    """The sentence, or a window of it around the answer when it is long."""
-    words = sentence.split()
-    if len(words) <= max_words:
-        return sentence
-    na = normalize_answer(answer).split()
-    at = next((i for i in range(len(words)) if normalize_answer(" ".join(words[i:i + len(na)])).split() == na), 0)
-    lo = max(0, min(at - max_words // 2, len(words) - max_words))
-    return ("... " if lo else "") + " ".join(words[lo:lo + max_words]) + (" ..." if lo + max_words < len(words) else "")
-
-
 def _clean(docs: list[dict]) -> list[dict]:
     return [{"id": str(d.get("id")), "contents": d.get("contents", ""), "score": float(d.get("score", 0.0))}
             for d in docs]
 
 
-def _demo(question: str, answer: str, source: str, steps: list[tuple[str, list[dict], str]], entities: list[str],
-          plan: str = "") -> dict:
-    """steps: (query, docs, think before the next action); the last think precedes the answer. plan: a thought
-    before the first search (chains: which entity must be found first)."""
-    turns, think = [], f"<think> {plan} </think>\n" if plan else ""
-    for query, docs, after in steps:
-        turns.append({"kind": "model", "text": f"{think}<search> {query} </search>"})
+def _demo(question: str, answer: str, source: str, steps: list[tuple[str, list[dict], tuple[str, str, str]]],
+          entities: list[str], tok: Any, proto: Protocol, plan: str = "") -> dict | None:
+    """steps: (query, docs, (sentence to quote after them, the words the quote must keep, what the thought adds
+    after the quote)); the last thought precedes the answer. plan: a thought before the first search (chains:
+    which entity must be found first). Each quote is cut (fit_turn) until its turn fits the protocol's token
+    cap; None when a turn cannot fit."""
+    cap = proto.max_tokens_per_turn
+    turns = [{"kind": "model", "text": (f"<think> {plan} </think>\n" if plan else "") + f"<search> {steps[0][0]} </search>"}]
+    for i, (_, docs, (sentence, keep, after)) in enumerate(steps):
         turns.append({"kind": "info", "docs": _clean(docs)})
-        think = f"<think> {after} </think>\n"
-    turns.append({"kind": "model", "text": f"{think}<answer> {answer} </answer>"})
-    return {"role": "solver", "question": question, "answer": [answer], "source": source, "turns": turns,
+        tail = f"<answer> {answer} </answer>" if i == len(steps) - 1 else f"<search> {steps[i + 1][0]} </search>"
+        text = fit_turn(tok, lambda w: f"<think> {quote(sentence, keep, w)}{after} </think>\n{tail}", cap, QUOTE_WORDS)
+        if text is None:
+            return None
+        turns.append({"kind": "model", "text": text})
+    demo = {"role": "solver", "question": question, "answer": [answer], "source": source, "turns": turns,
             "entities": entities}
+    return None if misfit(demo, tok, proto) else demo
 
 
 def fact_row(f: Fact, rid: str, source: str) -> dict:
@@ -107,22 +104,30 @@ def restates_eval(f: Fact, old: list[tuple[str, set[str]]]) -> bool:
     return any((na in golden and ne in q) or (ne.strip() in golden and f" {na} " in q) for q, golden in old)
 
 
-def title_demo_think(demo: dict) -> dict:
-    """A coldstart.jsonl title or proposer demo with its templated "Doc k is about X" thought replaced
-    by the first sentence of the doc it names (the sentence a reader would quote)."""
+def title_demo_think(demo: dict, tok: Any, proto: Protocol) -> dict | None:
+    """A coldstart.jsonl solver demo with its templated last thought rewritten to fit the protocol: "Doc k is
+    about X" (a description question: the answer is the page's name) becomes "Doc k is about <title>: <its first
+    sentence>", so the thought names the page it answers with; "Doc k mentions X" (FanOutQA: a span) becomes a
+    quote of the sentence of Doc k that holds the answer. None when no such sentence exists or none fits."""
     last = demo["turns"][-1]["text"]
-    m = re.match(r"<think> Doc (\d+) (?:is about|mentions) .*? </think>\n", last)
+    m = re.match(r"<think> Doc (\d+) (is about|mentions) .*? </think>\n", last)
     if not m:
-        return demo
+        return demo if not misfit(demo, tok, proto) else None
     docs = demo["turns"][-2]["docs"]
     k = int(m.group(1))
-    text = str(docs[k - 1]["contents"]).partition("\n")[2] if 0 < k <= len(docs) else ""
-    first = (sentences(text) or [""])[0]
-    if not first:
-        return demo
+    title, _, text = str(docs[k - 1]["contents"]).partition("\n") if 0 < k <= len(docs) else ("", "", "")
     ans = demo["answer"] if isinstance(demo["answer"], str) else demo["answer"][0]
-    turns = demo["turns"][:-1] + [{"kind": "model", "text": f"<think> {quote(first, ans)} </think>\n" + last[m.end():]}]
-    return {**demo, "turns": turns}
+    sents = sentences(text)
+    if m.group(2) == "is about":
+        first, head = (sents or [""])[0], f"Doc {k} is about {title.strip()}: "
+    else:
+        first, head = next((x for x in sents if normalize_answer(ans) in normalize_answer(x)), ""), f"Doc {k}: "
+    if not first:
+        return None
+    text = fit_turn(tok, lambda w: f"<think> {head}{quote(first, ans, w)} </think>\n" + last[m.end():],
+                    proto.max_tokens_per_turn, QUOTE_WORDS)
+    out = {**demo, "turns": demo["turns"][:-1] + [{"kind": "model", "text": text}]} if text else None
+    return out if out and not misfit(out, tok, proto) else None
 
 
 @dataclasses.dataclass
@@ -136,11 +141,12 @@ class Built:
 
 
 def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_train: dict[str, list[dict]],
-          old_demos: list[dict], seed: int = 0, reading_n: int = 330, twohop_n: int = 150, max_info_tokens: int = 160,
+          old_demos: list[dict], seed: int = 0, reading_n: int = 330, twohop_n: int = 150, proto: Protocol = Protocol(),
           title_rows: int = 250, mix_demos: int = 800) -> Built:
+    """proto: the rollout protocol (and the game's question filter) every demo must fit, dataprep/protocol.py."""
     rng = random.Random(seed)
     stats: Counter = Counter()
-    facts, titles = corpus_facts(pages, tok, max_info_tokens)
+    facts, titles = corpus_facts(pages, tok, proto.max_info_tokens)
     doc_of = {p["title"]: p["id"] for p in pages}
     old_idx = EvalIndex(old_eval)
     old_pairs = [(f" {normalize_answer(r.question)} ", {normalize_answer(a) for a in r.golden_answers}) for r in old_eval]
@@ -223,44 +229,65 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
                  + [c.fact.entity for c in train_chains])
     n_f, n_c = len(train_facts), len(train_chains)
     r_fact, r_c1, r_c2 = found[:n_f], found[n_f:n_f + n_c], found[n_f + n_c:]
-    demos = []
+    demos, dropped = [], Counter()
     for f, hit in zip(train_facts, r_fact):
-        if hit:
-            demos.append(_demo(f.question, f.answer, "reading", [(hit[0], hit[1], quote(f.sentence, f.answer))],
-                               [f.entity]))
-        else:
-            stats["reading demo dropped: its page is not Doc 1 for its name"] += 1
+        d = _demo(f.question, f.answer, "reading", [(hit[0], hit[1], (f.sentence, f.answer, ""))], [f.entity], tok,
+                  proto) if hit else None
+        dropped["reading demo dropped: its page is not Doc 1 for its name" if not hit
+                else "reading demo dropped: no quote fits the protocol's turn"] += d is None
+        demos += [d] if d else []
     for c, h1, h2 in zip(train_chains, r_c1, r_c2):
+        d = None
         if h1 and h2:
             (q1, d1), (q2, d2) = h1, h2
-            y = strip_parens(c.fact.entity)
-            bridge_think = (f"{quote(c.bridge.sentence, c.bridge.answer)} So "
-                            f"{BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))} is {y}.")
+            np_ = BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))
             # the plan names what the first search must find, so the thought after it knows a second one follows
-            plan = f"First I need {BRIDGE_NP[c.bridge.relation].format(strip_parens(c.bridge.entity))}."
-            demos.append(_demo(c.question, c.answer, "twohop", [(q1, d1, bridge_think),
-                                                                (q2, d2, quote(c.fact.sentence, c.answer))],
-                               [c.bridge.entity, c.fact.entity], plan))
-        else:
-            stats["two-hop demo dropped: a page is not Doc 1 for its name"] += 1
+            d = _demo(c.question, c.answer, "twohop", [(q1, d1, (c.bridge.sentence, c.bridge.answer,
+                                                                 f" So {np_} is {strip_parens(c.fact.entity)}.")),
+                                                       (q2, d2, (c.fact.sentence, c.answer, ""))],
+                      [c.bridge.entity, c.fact.entity], tok, proto, plan=f"First I need {np_}.")
+        dropped["two-hop demo dropped: a page is not Doc 1 for its name" if not (h1 and h2)
+                else "two-hop demo dropped: no quote fits the protocol's turn"] += d is None
+        demos += [d] if d else []
+    stats.update(dropped)
 
-    # older demos: drop any that touch a held-out entity, replace "Doc k is about X" by a quoted sentence
+    # older demos (coldstart.jsonl): drop any that touch a held-out entity; their thought says which document is
+    # about the answer (description questions) or quotes the sentence that holds it (FanOutQA); their proposer
+    # demos are replaced by the game's (dataprep/game_demos.py)
     new_eval = [fact_row(f, f"reading-{i}", "reading_heldout") for i, f in enumerate(held_facts)]
     new_eval += [chain_row(c, f"twohop-{i}", "twohop_heldout") for i, c in enumerate(held_chains)]
     new_idx = EvalIndex(new_eval)
-    old_kept = [title_demo_think(d) for d in old_demos if not new_idx.overlaps(d)]
-    stats["older demos dropped: touch a held-out entity"] = len(old_demos) - len(old_kept)
+    old_kept = [d for d in old_demos if d["role"] == "solver" and not new_idx.overlaps(d)]
+    stats["older demos dropped: touch a held-out entity"] = sum(bool(new_idx.overlaps(d)) for d in old_demos
+                                                               if d["role"] == "solver")
+    title_d = [t for d in old_kept if (t := title_demo_think(d, tok, proto))]
+    stats["older demos dropped: no thought fits the protocol's turn"] = len(old_kept) - len(title_d)
+
+    # the game's kinds (dataprep/game_demos.py): proposer questions about a fact read off a page, or asking for a
+    # page's name by its first sentence; solver demos answering with a page's name. Pages of the name kind are
+    # free of held-out entities and eval rows, and the two roles get different pages.
+    fcfg = FilterConfig(min_words=proto.min_question_words, min_searches=proto.min_searches)
+    used = {normalize_answer(a) for d in old_demos for a in ([d["answer"]] if isinstance(d["answer"], str) else d["answer"])}
+    name_pages = [p for p in pages if free(p["title"]) and normalize_answer(strip_parens(p["title"])) not in used
+                  and not old_idx.overlaps({"question": "", "answer": [strip_parens(p["title"]), p["title"]]})
+                  and not new_idx.overlaps({"question": "", "answer": [strip_parens(p["title"]), p["title"]]})]
+    rng.shuffle(name_pages)
+    n_prop, n_name = mix_demos // 4, mix_demos // 8
+    half = len(name_pages) // 2
+    name_sol = name_demos(name_pages[:min(half, 3 * n_name)], retriever, tok, proto, fcfg, stats, "solver")
+    name_prop = name_demos(name_pages[half:half + 3 * n_prop], retriever, tok, proto, fcfg, stats, "proposer")
+    fact_prop = fact_proposer_demos(train_facts, retriever, tok, proto, fcfg, stats)
+
     read_d = [d for d in demos if d["source"] == "reading"]
     two_d = [d for d in demos if d["source"] == "twohop"]
-    title_d = [d for d in old_kept if d["role"] == "solver"]
-    prop_d = [d for d in old_kept if d["role"] == "proposer"]
-    n_two = min(len(two_d) * CHAIN_DEMO_COPIES, mix_demos // 5)
+    n_two = min(len(two_d) * CHAIN_DEMO_COPIES, 3 * mix_demos // 20)
     two_d = [d for _ in range(CHAIN_DEMO_COPIES) for d in two_d]  # each chain once before any twice
-    n_prop = min(len(prop_d), mix_demos // 5)
-    n_title = min(len(title_d), mix_demos // 8)
-    n_read = min(len(read_d), mix_demos - n_two - n_prop - n_title)
+    n_fact = min(len(fact_prop), 3 * n_prop // 5)
+    props = fact_prop[:n_fact] + name_prop[:n_prop - n_fact]
+    n_title, n_name = min(len(title_d), n_name), min(len(name_sol), n_name)
+    n_read = min(len(read_d), mix_demos - n_two - len(props) - n_title - n_name)
     stats["two-hop demos in the mix (each chain's demo repeated up to CHAIN_DEMO_COPIES times)"] = n_two
-    mix = two_d[:n_two] + read_d[:n_read] + title_d[:n_title] + prop_d[:n_prop]
+    mix = two_d[:n_two] + read_d[:n_read] + title_d[:n_title] + name_sol[:n_name] + props
     rng.shuffle(mix)
 
     # RL rows: facts and chains not used by a demo first (the demos teach the form, RL the rest), then titles
@@ -270,19 +297,32 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
                                                                                    "answer": r["golden_answers"]})]
     rows += title_q[:title_rows]
     rng.shuffle(rows)
-    reading_ans = sorted({f.answer for f in train_facts if f.relation in NAMED_RELATIONS
-                          and normalize_answer(f.answer) not in titles}, key=normalize_answer)
-    prop = [r for r in old_train.get("proposer", []) if free(r["answer"])]
-    prop += [{"answer": a, "search_turns": rng.choice([2, 3]), "data_source": "wiki_reading"} for a in reading_ans]
+    # the proposer's answers, of the kinds the solver is trained and measured on: answers read off a page's text
+    # (facts), the ends of two-hop chains, and page names (the demo pool's titles), the names no more than the rest
+    # A fact answer is kept when searching it shows some page's text holding it inside the cut, as the proposer's
+    # first search would (e.g. "1998": a page that says "... completed in 1998"); names always find their page.
+    n = proto.max_searches
+    seen_a: set[str] = set()
+    cands = []
+    for a, kind in [(c.answer, "chain_end") for c in train_chains] + [(f.answer, "fact") for f in train_facts]:
+        if normalize_answer(a) not in seen_a and free(a):
+            seen_a.add(normalize_answer(a))
+            cands.append((a, kind))
+    shown = [block_text(tok, d, proto) for d in search_all(retriever, [a for a, _ in cands])]
+    prop = [{"answer": a, "search_turns": n, "data_source": kind} for (a, kind), text in zip(cands, shown)
+            if contains_answer(re.sub(r"Doc \d+ \(Title: [^)]*\)", " ", text), a)]
+    stats["proposer fact answers dropped: their search shows no text holding them"] = len(cands) - len(prop)
+    names = [r for r in old_train.get("proposer", []) if free(r["answer"]) and normalize_answer(r["answer"]) not in seen_a]
+    prop += [{"answer": r["answer"], "search_turns": n, "data_source": "name"} for r in names[:len(prop)]]
     rng.shuffle(prop)
-    stats["proposer answers that are no page title"] = len(reading_ans)
+    stats["proposer answers that are no page title"] = sum(normalize_answer(r["answer"]) not in titles for r in prop)
     return Built(new_eval[:len(held_facts)], new_eval[len(held_facts):], rows, prop, mix, stats)
 
 
 def summary(b: Built) -> list[str]:
     kinds = Counter((d["role"], d["source"]) for d in b.demos)
     searches = Counter(sum(t["kind"] == "info" for t in d["turns"]) for d in b.demos if d["role"] == "solver")
-    title_ans = sum(1 for d in b.demos if d["role"] == "solver" and d["source"] not in ("reading", "twohop"))
+    title_ans = sum(1 for d in b.demos if d["role"] == "solver" and d["source"] in ("wiki_desc", "name"))
     lines = [f"held-out: reading {len(b.reading_heldout)} (relations "
              f"{dict(Counter(r['relation'] for r in b.reading_heldout).most_common())}), two-hop {len(b.twohop_heldout)}",
              f"solver_mix: {len(b.solver_mix)} rows {dict(Counter(r['data_source'] for r in b.solver_mix))}",
@@ -301,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=Path, default=data / "indexes" / "bm25", help="BM25 index the demos search")
     p.add_argument("--tokenizer", type=Path, default=data / "models" / "SmolLM2-135M-Instruct",
                    help="the policy's tokenizer: decides what the --max_info_tokens cut leaves visible")
-    p.add_argument("--max_info_tokens", type=int, default=160, help="keep it the RL and eval --max_info_tokens")
+    add_protocol_args(p)   # the rollout protocol every demo must fit: keep it the RL and eval flags
     p.add_argument("--reading_n", type=int, default=330, help="held-out reading questions (one per entity)")
     p.add_argument("--twohop_n", type=int, default=150, help="held-out two-hop questions (at least)")
     p.add_argument("--seed", type=int, default=0)
@@ -310,9 +350,13 @@ def main(argv: list[str] | None = None) -> int:
     out = {"reading_heldout": data / "eval" / "reading_heldout.jsonl", "twohop_heldout": data / "eval" / "twohop_heldout.jsonl",
            "solver_mix": data / "train" / "solver_mix.jsonl", "proposer_mix": data / "train" / "proposer_mix.jsonl",
            "demos": data / "train" / "coldstart_mix.jsonl"}
+    proto = protocol_of(a)
     if not a.force and all(f.exists() for f in out.values()):
-        print(f"reading sets: reusing {', '.join(str(f) for f in out.values())}")
-        return 0
+        built_for = read_protocol(out["demos"])
+        if built_for == proto:
+            print(f"reading sets: reusing {', '.join(str(f) for f in out.values())} (built for {proto})")
+            return 0
+        print(f"reading sets: {out['demos']} was built for {built_for or 'an unrecorded protocol'}, not {proto}: rebuilding")
     need = {"corpus": a.corpus, "proposer rows": data / "train" / "proposer.jsonl",
             "solver QA rows": data / "train" / "solver_qa.jsonl", "cold-start demos": data / "train" / "coldstart.jsonl",
             "index": a.index / "manifest.json"}
@@ -329,13 +373,16 @@ def main(argv: list[str] | None = None) -> int:
     b = build(read_corpus(a.corpus), AutoTokenizer.from_pretrained(a.tokenizer), load_retriever(a.index),
               load_eval_files(old_eval_files),
               {"proposer": read_jsonl(data / "train" / "proposer.jsonl"), "solver_qa": read_jsonl(data / "train" / "solver_qa.jsonl")},
-              read_jsonl(data / "train" / "coldstart.jsonl"), a.seed, a.reading_n, a.twohop_n, a.max_info_tokens)
+              read_jsonl(data / "train" / "coldstart.jsonl"), a.seed, a.reading_n, a.twohop_n, proto)
     if len(b.reading_heldout) < a.reading_n or len(b.twohop_heldout) < a.twohop_n:
         print(f"reading sets: only {len(b.reading_heldout)} reading / {len(b.twohop_heldout)} two-hop held-out questions "
               f"(asked for {a.reading_n} / {a.twohop_n})", file=sys.stderr)
         return 1
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
     for d in b.demos:
         validate_demo(d)
+        if why := misfit(d, tok, proto):   # the builder cuts or drops what does not fit: this is the guard
+            raise ValueError(f"a {d['role']} demo does not fit {proto}: {why}: {d['turns']}")
     every_eval = load_eval_files(old_eval_files) + b.reading_heldout + b.twohop_heldout
     check_no_leak(b.demos, every_eval)
     check_no_leak([{"question": r["question"], "answer": r["golden_answers"], "entities": r.get("entities", [])}
@@ -343,6 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     check_no_leak([{"answer": r["answer"]} for r in b.proposer_mix], every_eval)
     for key, f in out.items():
         write_jsonl_atomic(f, getattr(b, key))
+    write_protocol(out["demos"], proto)
     for line in summary(b):
         print(line)
     print(f"leak check: demos, solver_mix and proposer_mix vs {len(every_eval)} eval rows: 0 overlaps")

@@ -34,8 +34,8 @@ from typing import Any, Callable, Sequence
 from inference.data import ProposerRow
 from inference.filters import FILTER_REASONS, FilterConfig, check_question
 from inference.judge import Judge, JudgeItem
-from inference.prompts import (build_proposer_prompt, build_solver_prompt, doc_title, encode_prompt, format_docs,
-                               render_chat)
+from inference.prompts import build_proposer_prompt, build_solver_prompt, doc_title, format_docs
+
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import build_self_search_prompt
@@ -48,7 +48,6 @@ SearchFn = Callable[[list[str], int], list[list[dict]]]
 RAG_VERIFIERS = ("judge", "policy", "off")
 EXCLUSION_REASONS = ("judge_failed", "search_failed")
 """Why a group is left out of the loss; when a group has both, the first one names it."""
-
 
 @dataclass
 class GameConfig:
@@ -114,7 +113,6 @@ class GameConfig:
         return FilterConfig(self.min_question_chars, self.max_question_chars, self.min_question_words,
                             self.min_searches, self.searches_at_least_n)
 
-
 class QuestionPool:
     """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints."""
 
@@ -152,9 +150,7 @@ class QuestionPool:
             pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"))
         return pool
 
-
 QCP_DOC_CHARS = 1200  # a stored document's contents are cut here (the teacher's token budget cuts again)
-
 
 def qcp_of(t: Trajectory) -> dict:
     """A proposer trajectory's question construction path (QCP): its queries in order and the documents
@@ -164,12 +160,10 @@ def qcp_of(t: Trajectory) -> dict:
             for call in (t.info.get("docs") or [])]
     return {"queries": [str(q) for q in (t.info.get("queries") or [])], "docs": docs}
 
-
 @dataclass
 class GameResult:
     trajectories: list[Trajectory]     # proposer trajectories first, then solver trajectories
     stats: dict[str, float] = field(default_factory=dict)
-
 
 # ---- RAG check -------------------------------------------------------------------------------
 
@@ -182,7 +176,6 @@ RAG_INSTRUCTION = (
     "Documents:\n{docs}Question: {question}\n"
 )
 
-
 def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
     seen, out = set(), []
     for call in docs:
@@ -192,7 +185,6 @@ def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
                 seen.add(key)
                 out.append(d)
     return out
-
 
 def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: GameConfig, rng: random.Random,
                fits: Callable[[str], bool] = lambda s: True) -> str:
@@ -220,7 +212,6 @@ def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: Gam
         else:
             doc_chars //= 2
 
-
 def _rag_answer_text(reply: str | None) -> str | None:
     if reply is None:
         return None
@@ -230,14 +221,44 @@ def _rag_answer_text(reply: str | None) -> str | None:
         ans = lines[0] if lines else ""
     return ans
 
+def _searches(t: Trajectory) -> list[tuple[str, list[dict]]]:
+    """A trajectory's (query, documents) pairs, in the order it searched."""
+    return [(str(q), list(d or [])) for q, d in zip(t.info.get("queries") or [], t.info.get("docs") or [])]
+
+def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], distractors: list[tuple[str, list[dict]]],
+                template: str, max_info_tokens: int, limit: int, rng: random.Random) -> list[int]:
+    """The policy verifier's prompt: the solver's own prompt for `question`, then search turns that return exactly
+    what the proposer's searches showed, each <information> block cut to max_info_tokens as a rollout cuts it, and
+    the distractors' searches shuffled in among them. It reads what a solver that searched well would read, in the
+    solver's own format, so a question passes only when those blocks answer it. Distractors are dropped, last
+    first, while the prompt is over `limit` tokens; the proposer's own searches always stay."""
+    from inference.rollout import _info_tokens
+
+    def ids(searches: list[tuple[str, list[dict]]]) -> list[int]:
+        out = build_solver_prompt(tok, question, template)
+        for q, docs in searches:
+            out += tok(f"<search> {q} </search>", add_special_tokens=False)["input_ids"]
+            out += _info_tokens(tok, format_docs(docs), max_info_tokens)
+        return out
+
+    order = [("own", s) for s in own] + [("other", s) for s in distractors]
+    rng.shuffle(order)
+    while True:
+        got = ids([s for _, s in order])
+        others = [k for k, (who, _) in enumerate(order) if who == "other"]
+        if len(got) < limit or not others:
+            return got
+        del order[others[-1]]
 
 def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-              rng: random.Random) -> dict[int, bool | None]:
+              rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
     """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
     (the verifier gave no reply, or the judge failed on a non-exact-match answer).
 
     Distractors come from trajectories of *other* proposer prompts (info["meta"]["row"]): the
     G_p samples of one prompt search around the same answer, so their documents would help.
+    The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
+    exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
     """
     if not candidates:
         return {}
@@ -246,25 +267,21 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge
         row = props[i].info["meta"]["row"]
         others = [j for j, t in enumerate(props) if t.info["meta"]["row"] != row and _flat_docs(t.info.get("docs", []))]
         picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
-        distractors = [d for j in picked for d in _flat_docs(props[j].info["docs"])]
-        prompts.append((i, distractors))
+        prompts.append((i, picked))
 
     if cfg.rag_verifier == "policy":
         from inference.engines import SamplingConfig
 
         tok = engine.tokenizer
         limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
-
-        def ids_of(text: str) -> list[int]:
-            return encode_prompt(tok, render_chat(tok, text, cfg.template), cfg.template)
-
-        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]), dis, cfg, rng,
-                            fits=lambda t: len(ids_of(t)) < limit) for i, dis in prompts]
-        outs = engine.generate([ids_of(t) for t in texts],
-                               SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
+        views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],
+                             cfg.template, max_info_tokens, limit, rng) for i, picked in prompts]
+        outs = engine.generate(views, SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
         replies: list[str | None] = [o.text for o in outs]
     else:
-        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]), dis, cfg, rng) for i, dis in prompts]
+        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]),
+                            [d for j in picked for d in _flat_docs(props[j].info["docs"])], cfg, rng)
+                 for i, picked in prompts]
         replies = judge.chat_many([[{"role": "user", "content": t}] for t in texts], max_tokens=cfg.rag_max_tokens)
 
     verdict: dict[int, bool | None] = {}
@@ -285,7 +302,6 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge
         verdict[i] = None if res.judge_failed else res.correct
     return verdict
 
-
 # ---- the round, in stages ----------------------------------------------------------------------
 # Each stage reads what it needs from the trajectories (answer, info["meta"]), so the
 # stages can also be driven on hand-made trajectories.
@@ -298,7 +314,6 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
         return search_fn.get("proposer"), search_fn.get("solver")
     return search_fn, search_fn
 
-
 def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
             rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
@@ -309,9 +324,8 @@ def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None
                                 meta={"search_turns": row.search_turns, "row": i})] * cfg.proposer_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg)
 
-
 def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-             rng: random.Random) -> tuple[list[str | None], dict[int, bool | None]]:
+             rng: random.Random, max_info_tokens: int = 512) -> tuple[list[str | None], dict[int, bool | None]]:
     """Per proposer trajectory, the reason it is invalid (None = valid), and the RAG verdicts.
 
     The question is the rollout's final <question> action (parsed by inference/parser.py);
@@ -326,7 +340,7 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
     survivors = [i for i, why in enumerate(reasons) if why is None]
     if cfg.rag_verifier == "off":
         return reasons, {i: True for i in survivors}
-    verdict = rag_check(survivors, props, engine, judge, cfg, rng)
+    verdict = rag_check(survivors, props, engine, judge, cfg, rng, max_info_tokens)
     unavailable = sum(v is None for v in verdict.values())
     if unavailable:
         # SSP lets a question through when its RAG check errors; the count is in the stats, and
@@ -337,7 +351,6 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
         if verdict[i] is False:
             reasons[i] = "rag_failed"
     return reasons, verdict
-
 
 def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: GameConfig,
           rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
@@ -354,7 +367,6 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
         reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
                                 meta=meta)] * cfg.solver_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
-
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,
           cfg: GameConfig) -> None:
@@ -378,7 +390,6 @@ def score(props: list[Trajectory], reasons: list[str | None], sols: list[Traject
             t.info["solver_acc"] = _mean(correct_by_prop[i])
         else:
             t.reward = cfg.invalid_penalty
-
 
 def play_round(
     engine: Any,
@@ -416,7 +427,8 @@ def play_round(
     prop_rcfg, sol_rcfg = ((rollout_cfg["proposer"], rollout_cfg["solver"]) if isinstance(rollout_cfg, dict)
                            else (rollout_cfg, rollout_cfg))
     props = propose(engine, rows, prop_search, cfg, prop_rcfg, step) if rows else []
-    reasons, verdict = validate(props, engine, judge, cfg, rng) if props else ([], {})
+    # the policy verifier reads the documents as the solver's rollouts are cut
+    reasons, verdict = validate(props, engine, judge, cfg, rng, sol_rcfg.max_info_tokens) if props else ([], {})
     valid = [i for i, why in enumerate(reasons) if why is None]
     qcps = {i: qcp_of(props[i]) for i in valid}
     questions = [{"question": props[i].question, "answer": props[i].answer, "proposer": i, "qcp": qcps[i]}
@@ -442,7 +454,6 @@ def play_round(
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     return GameResult(props + sols, stats)
-
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:
     """Set info["excluded"] on every trajectory (a reason from EXCLUSION_REASONS, or None); returns the counts.
@@ -489,10 +500,8 @@ def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict
         counts[f"game/excluded/{reason}"] = sum(r == reason for r in groups)
     return counts
 
-
 def _mean(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
-
 
 def answer_is_first_title(t: Trajectory) -> bool:
     """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
@@ -500,7 +509,6 @@ def answer_is_first_title(t: Trajectory) -> bool:
     docs = t.info.get("docs") or []
     title = doc_title(docs[0][0]) if docs and docs[0] else ""
     return bool(title) and bool(exact_match(title, t.answer))
-
 
 # ---- what the round shows: counts the trainer sums over ranks, and the shares made from them -------------
 
@@ -519,11 +527,9 @@ COUNT_KEYS = frozenset({
     "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
 COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
 
-
 def is_count(key: str) -> bool:
     """A game stat that is a count, summed over ranks; every other game stat is a per-rank mean."""
     return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
-
 
 def no_question_why(t: Trajectory) -> str | None:
     """NO_QUESTION_WHY's reason a proposer trajectory has no question; None when it wrote one."""
@@ -532,7 +538,6 @@ def no_question_why(t: Trajectory) -> str | None:
     if t.stop_reason == "max_tokens":
         return "total_cap" if t.info.get("cap") == "total" else "turn_cap"
     return {"max_turns": "out_of_turns", "eos": "eos"}.get(t.stop_reason, "no_action")
-
 
 def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
     """Solver groups, and the informative ones among them (rewards not all equal: the only groups a group
@@ -553,7 +558,6 @@ def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
         out[f"game/solver_groups/{src}"] += 1
         out[f"game/informative_groups/{src}"] += live
     return out
-
 
 def shares(summed: dict[str, float]) -> dict[str, float]:
     """The shares of a step (or window) read off counts summed over ranks; a share with no denominator is left
@@ -578,7 +582,6 @@ def shares(summed: dict[str, float]) -> dict[str, float]:
     ratio("game/pool_served_acc", "game/pool_served_correct", "game/pool_served_trajs")
     return out
 
-
 def rollout_record(t: Trajectory) -> dict:
     """One trajectory as a JSON line for reading what the game plays (--dump_rollouts): the text, the reward and
     every why the round recorded. Token ids stay out; the documents appear as the titles each search returned."""
@@ -591,13 +594,11 @@ def rollout_record(t: Trajectory) -> dict:
             "titles": [[doc_title(d) for d in call] for call in (t.info.get("docs") or [])],
             "response": t.response_text, **{k: t.info[k] for k in keys if k in t.info}}
 
-
 def answer_in_text(t: Trajectory) -> bool:
     """The answer (any alias) sits in the text of a document the proposer retrieved, title line left out: a
     question about a fact read off a page, not only about the page's name."""
     return any(contains_answer(str(d.get("contents", "")).partition("\n")[2], t.answer)
                for call in (t.info.get("docs") or []) for d in call)
-
 
 def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], search: SearchFn | None,
                           topk: int) -> list[bool] | None:
@@ -612,7 +613,6 @@ def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], sear
         log.warning("question-kind probe: search failed (%s: %s); game/valid_one_search left out", type(e).__name__, e)
         return None
     return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
-
 
 def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None) -> dict:
     counts = Counter(r for r in reasons if r is not None)

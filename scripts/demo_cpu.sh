@@ -103,7 +103,7 @@ PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_to
 TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl
-  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --rag_verify off
+  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --min_question_words 4 --rag_verify off
   --proposer_estimator reinforce++ --solver_estimator grpo
   "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1

@@ -141,7 +141,7 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --ppo_mini_batches "$MINI"
   --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5 --dump_rollouts true)
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
-SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2
+SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2 --min_question_words 4
   --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
 GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
   --critic_gradient_checkpointing false)

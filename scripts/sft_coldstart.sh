@@ -15,9 +15,12 @@
 #   bash scripts/sft_coldstart.sh runs/demo_cpu/sft
 #   SFT_DEMOS=64 SFT_BATCH=16 bash scripts/sft_coldstart.sh /tmp/sft
 #
+# The demos fit the rollout protocol they are trained for (dataprep/protocol.py): SFT_MAX_TURNS (3),
+# SFT_MAX_TOKENS_PER_TURN (64), SFT_MAX_INFO_TOKENS (160), SFT_MIN_SEARCHES (2) and SFT_MIN_QUESTION_WORDS (4)
+# are the RL and eval flags of the same names (the ladder's and the demo's); the mix records the protocol
+# it was built for (data/train/coldstart_mix.jsonl.protocol.json) and is rebuilt when they differ.
 # Knobs (environment): SFT_DEMOS (640), SFT_BATCH (32 demos per optimizer step), SFT_LR (2e-4, cosine,
-# 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_MAX_INFO_TOKENS (160; keep it equal
-# to the RL and eval --max_info_tokens), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
+# 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
 # COLDSTART (the demos file), DTYPE (bf16 or fp32; default: measured by python -m utils.cpu_dtype, bf16 only
 # where its GEMMs are clearly faster: ~4x on AMX Xeons, no faster on AVX2-only EPYCs; docs/PLATFORM_NOTES.md, CPU dtype).
 set -euo pipefail
@@ -28,6 +31,12 @@ SFT_BATCH=${SFT_BATCH:-32}
 SFT_LR=${SFT_LR:-2e-4}
 SFT_TOP_LAYERS=${SFT_TOP_LAYERS:-12}
 SFT_MAX_INFO_TOKENS=${SFT_MAX_INFO_TOKENS:-160}
+SFT_MAX_TURNS=${SFT_MAX_TURNS:-3}
+SFT_MAX_TOKENS_PER_TURN=${SFT_MAX_TOKENS_PER_TURN:-64}
+SFT_MIN_SEARCHES=${SFT_MIN_SEARCHES:-2}
+SFT_MIN_QUESTION_WORDS=${SFT_MIN_QUESTION_WORDS:-4}
+PROTOCOL=(--max_turns "$SFT_MAX_TURNS" --max_tokens_per_turn "$SFT_MAX_TOKENS_PER_TURN" --max_info_tokens "$SFT_MAX_INFO_TOKENS"
+          --min_searches "$SFT_MIN_SEARCHES" --min_question_words "$SFT_MIN_QUESTION_WORDS")
 SFT_THREADS=${SFT_THREADS:-$(nproc)}
 BASE_MODEL=${BASE_MODEL:-data/models/SmolLM2-135M-Instruct}
 COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl}
@@ -47,10 +56,14 @@ if [ -f data/train/coldstart.jsonl ] && [ -f data/eval/wiki_desc_heldout.jsonl ]
   echo "-- cold-start demos: reusing data/train/coldstart.jsonl"
 else
   echo "-- cold-start demos: writing data/train/coldstart.jsonl (searches run against the BM25 index; once)"
-  $PY -m dataprep.coldstart --out data/train/coldstart.jsonl
+  # its solver demos feed the mix (their last thought is rewritten to fit the protocol there); the mix's proposer
+  # demos are the game's (dataprep/game_demos.py), so none are built here
+  $PY -m dataprep.coldstart --out data/train/coldstart.jsonl --proposer_n 0 --max_turns "$SFT_MAX_TURNS" \
+    --max_tokens_per_turn "$SFT_MAX_TOKENS_PER_TURN" --min_searches "$SFT_MIN_SEARCHES"
 fi
-# reading and two-hop rows, their held-out sets, and the demo mix (coldstart_mix.jsonl; once, ~15 s)
-$PY -m dataprep.reading_sets
+# reading and two-hop rows, their held-out sets, and the demo mix (coldstart_mix.jsonl; ~30 s), rebuilt when it was
+# built for another protocol
+$PY -m dataprep.reading_sets "${PROTOCOL[@]}"
 if hf_export_done "$SFT_DIR/hf"; then
   echo "-- SFT cold start: skipped, $SFT_DIR/hf already holds an HF export (delete $SFT_DIR to redo it)"
   exit 0

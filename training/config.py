@@ -122,6 +122,9 @@ class SelfPlayArgs:
                         choices=("judge", "policy", "off"))
     rag_distractors: int = F(2, "k: distractor document sets shuffled into the RAG check")
     min_searches: int = F(2, "questions from proposer trajectories with fewer distinct searches are invalid")
+    min_question_words: int = F(10, "questions with fewer whitespace-separated words are invalid (SSP's floor: 10). "
+                                    "A small solver's one-hop reading questions are shorter (\"What is the capital "
+                                    "of Abkhazia?\": 6 words); the CPU ladder and demo pass 4")
     use_pool: bool = F(True, "refill failed question slots from a pool of earlier valid questions")
     pool_size: int = F(256, "max questions kept in the pool (checkpointed)")
     pool_init: str = F("", "QA rows (question, golden_answers) that seed the pool, so the solver trains while the "
@@ -499,6 +502,8 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
     if sp.self_play_enable and sp.min_searches > r.max_turns - 1:
         errs.append(f"--min_searches {sp.min_searches} needs --max_turns >= {sp.min_searches + 1} (got {r.max_turns}): "
                     f"the proposer searches that many times and then needs one more turn to write the question")
+    if sp.min_question_words < 0:
+        errs.append(f"--min_question_words must be >= 0 (got {sp.min_question_words})")
     if sp.proposer_warm_up_steps < 0:
         errs.append(f"--proposer_warm_up_steps must be >= 0 (got {sp.proposer_warm_up_steps})")
     if sp.proposer_warm_up_steps and not sp.proposer_enable:

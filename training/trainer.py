@@ -194,7 +194,7 @@ class SSPTrainer:
                       if sp.judge == "llm" else Judge())
         self.game_cfg = GameConfig(
             proposer_samples=sp.proposer_n, solver_samples=sp.solver_n, template=cfg.model.template,
-            min_searches=sp.min_searches, rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
+            min_searches=sp.min_searches, min_question_words=sp.min_question_words, rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
             pool_fill=sp.use_pool, pool_size=sp.pool_size, proposer_reward=sp.proposer_reward,
             invalid_penalty=sp.format_penalty, seed=cfg.optimisation.seed + 7919 * self.dp_rank)
         self.pool = QuestionPool(sp.pool_size, seed=cfg.optimisation.seed + self.dp_rank)

@@ -278,7 +278,7 @@ def test_cli_end_to_end(tmp_path, index_dir, wiki, fanout_dev, eval_file):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "dataprep.coldstart", "--index", str(index_dir), "--eval", str(eval_file),
            "--wiki", str(wiki_path), "--fanoutqa", str(dev_path), "--solver_n", "6", "--proposer_n", "4",
-           "--out", str(out), "--min_searches", "2", "--max_turns", "4"]
+           "--out", str(out), "--min_searches", "2", "--max_turns", "4", "--max_tokens_per_turn", "0"]
     # a held-out description set, kept away from the demos and from the RL rows' answers
     cands = wiki_candidates(wiki)
     train = _write_jsonl(tmp_path / "proposer.jsonl", [{"answer": c["name"], "search_turns": 2} for c in cands[::2]])
@@ -330,8 +330,32 @@ def test_outputs_byte_identical_to_the_pre_split_builder(tmp_path, index_dir, wi
     out, held = tmp_path / "cs.jsonl", tmp_path / "held.jsonl"
     rc = coldstart.main(["--index", str(index_dir), "--eval", str(eval_file), "--wiki", str(wiki_path),
                          "--fanoutqa", str(dev_path), "--solver_n", "20", "--proposer_n", "9", "--seed", "5",
-                         "--min_searches", "1", "--max_turns", "4", "--out", str(out), "--heldout_n", "7",
+                         "--min_searches", "1", "--max_turns", "4", "--max_tokens_per_turn", "0", "--out", str(out),
+                         "--heldout_n", "7",
                          "--heldout_out", str(held), "--train_files", str(train)])
     assert rc == 0
     got = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (out, held)}
     assert got == PRE_SPLIT_SHA256
+
+
+def test_builder_drops_demos_over_the_protocols_turn_cap(retriever, wiki, fanout_dev, eval_file, smollm2_dir):
+    """Issue 31: demos with a turn longer than --max_tokens_per_turn (or more turns than --max_turns) taught the
+    proposer rollouts that run out of room. With the protocol given, every demo kept fits it (counted here with
+    the tokenizer directly) and the dropped ones are counted by reason."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    rows = load_eval_files([eval_file])
+    cap = 40
+    demos, stats = build_demos(retriever, wiki, fanout_dev, rows, solver_n=10, proposer_n=6, seed=3, min_searches=2,
+                               max_turns=3, tok=tok, max_tokens_per_turn=cap)
+    assert demos
+    for d in demos:
+        turns = [t["text"] for t in d["turns"] if t["kind"] == "model"]
+        assert len(turns) <= 3 and max(len(tok(t, add_special_tokens=False)["input_ids"]) for t in turns) <= cap
+    assert all(d["n_searches"] == 2 for d in demos if d["role"] == "proposer")
+    assert any("does not fit the protocol" in why and k > 0 for (_, _, why), k in stats.items()), stats
+    loose, _ = build_demos(retriever, wiki, fanout_dev, rows, solver_n=10, proposer_n=6, seed=3, min_searches=2,
+                           max_turns=3)                          # no tokenizer: no cap, longer proposer turns kept
+    assert max(len(tok(t["text"], add_special_tokens=False)["input_ids"]) for d in loose for t in d["turns"]
+               if t["kind"] == "model") > cap

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from dataprep import facts as F
-from dataprep.reading_sets import build, quote, title_demo_think
+from dataprep.game_demos import quote
+from dataprep.reading_sets import build, title_demo_think
 from dataprep.coldstart import validate_demo
 from dataprep.leak_check import EvalIndex, check_no_leak
 from utils.text import normalize_answer
@@ -78,7 +79,7 @@ def built(tok, retriever):
                                 "data_source": "wiki_desc"}],
                  "proposer": [{"answer": corpus()[4]["title"], "search_turns": 2, "data_source": "wiki"}]}
     return build(corpus(), tok, retriever, _old_eval(), old_train, [], seed=0, reading_n=6, twohop_n=5,
-                 max_info_tokens=160, title_rows=1, mix_demos=40)
+                 title_rows=1, mix_demos=40)
 
 
 def test_facts_are_read_off_the_text_and_are_not_titles(tok):
@@ -148,7 +149,11 @@ def test_demos_quote_the_answer_and_mix_one_and_two_searches(built):
     for d in solver:
         validate_demo(d)
         last = d["turns"][-1]["text"]
-        assert "Doc 1 is about" not in last and d["answer"][0] in last.split("<answer>")[0]
+        thought = last.split("<answer>")[0]
+        if d["source"] == "name":   # a description question: the thought names the page it answers with
+            assert thought.startswith("<think> Doc ") and f"is about {d['answer'][0]}:" in thought, last
+        else:                       # a fact: the thought quotes the sentence that holds the answer
+            assert " is about " not in thought and d["answer"][0] in thought, last
     assert not [d for d in solver if d["source"] != "twohop" and d["turns"][0]["text"].startswith("<think>")]
     searches = {sum(t["kind"] == "info" for t in d["turns"]) for d in solver}
     assert searches == {1, 2}
@@ -159,7 +164,65 @@ def test_demos_quote_the_answer_and_mix_one_and_two_searches(built):
         assert bridge in d["turns"][2]["text"].split("<search>")[0] and bridge in d["turns"][2]["text"].split("<search>")[1]
 
 
-def test_few_chains_are_repeated_to_a_fifth_of_the_mix(built):
+def test_every_demo_fits_the_protocol_it_was_built_for(built, tok, retriever):
+    """Issue 31: demos a rollout under the protocol could never write taught the proposer to run out of turns.
+    Checked here by counting tokens and turns directly, not through the builder's own misfit()."""
+    from dataprep.protocol import Protocol
+
+    def fits(d, proto):
+        turns = [t["text"] for t in d["turns"] if t["kind"] == "model"]
+        return len(turns) <= proto.max_turns and all(
+            len(tok(t, add_special_tokens=False)["input_ids"]) <= proto.max_tokens_per_turn for t in turns)
+
+    assert built.demos and all(fits(d, Protocol()) for d in built.demos)
+    tight = Protocol(max_tokens_per_turn=28)
+    small = build(corpus(), tok, retriever, _old_eval(), {"solver_qa": [], "proposer": []}, [], seed=0, reading_n=6,
+                  twohop_n=5, title_rows=1, mix_demos=40, proto=tight)
+    assert small.demos and all(fits(d, tight) for d in small.demos)
+    # a cut turn still quotes the answer: the quote is shortened around it, not dropped
+    assert any("..." in t["text"] for d in small.demos for t in d["turns"] if t["kind"] == "model")
+    assert sum(v for k, v in small.stats.items() if "fits the protocol" in k or "fit the turn" in k
+               or "over the cap" in k) > 0, small.stats
+
+
+def test_proposer_demos_search_the_answer_then_what_a_solver_would(built, tok):
+    """Both kinds: search the answer, quote what came back (inside the rollout's cut), search what the question's
+    solver would search, and ask a question the game's filter accepts."""
+    from dataprep.game_demos import block_text
+    from dataprep.protocol import Protocol
+    from inference.filters import FilterConfig, check_question
+
+    props = [d for d in built.demos if d["role"] == "proposer"]
+    assert {d["source"] for d in props} == {"proposer_fact", "proposer_name"}
+    for d in props:
+        validate_demo(d)
+        m = [t["text"] for t in d["turns"] if t["kind"] == "model"]
+        info = [t["docs"] for t in d["turns"] if t["kind"] == "info"]
+        assert len(m) == 3 and d["n_searches"] == 2 and m[0] == f"<search> {d['answer']} </search>"
+        quoted = m[1].split("</think>")[0].split(": ", 1)[1].strip()
+        shown = " ".join(block_text(tok, info[0], Protocol()).split())
+        assert all(" ".join(p.split()) in shown for p in quoted.split("...") if p.strip()), (quoted, shown)
+        assert d["answer"] in quoted or d["source"] == "proposer_name"
+        query = m[1].split("<search>")[1].split("</search>")[0].strip()
+        if d["source"] == "proposer_fact":    # the page the question is about, by name, comes back first
+            assert query in d["question"] and info[1][0]["contents"].split("\n")[0] == d["entities"][0]
+        else:                                 # the description the question gives finds the page
+            assert query in d["question"] and d["entities"][0] in [x["contents"].split("\n")[0] for x in info[1]]
+        q = m[2].split("<question>")[1].split("</question>")[0].strip()
+        assert q == d["question"] and check_question(q, d["answer"], ["a b", query], info, 2,
+                                                     FilterConfig(min_words=4)) is None
+
+
+def test_proposer_rows_mix_answer_kinds(built):
+    from collections import Counter
+
+    kinds = Counter(r["data_source"] for r in built.proposer_mix)
+    assert kinds["fact"] > 0 and kinds["chain_end"] > 0
+    assert kinds["name"] <= kinds["fact"] + kinds["chain_end"]      # names are no longer nearly all of them
+    assert all(r["search_turns"] == 2 for r in built.proposer_mix)    # the protocol's max_turns - 1
+
+
+def test_few_chains_are_repeated_to_their_share_of_the_mix(built):
     """Chains are scarce (the real corpus keeps ~25 chain demos for training): with one copy each, 3% of
     the solver demos searched twice and the SFT start never searched twice on the two-hop set."""
     from collections import Counter
@@ -169,13 +232,13 @@ def test_few_chains_are_repeated_to_a_fifth_of_the_mix(built):
     two = [d for d in built.demos if d["source"] == "twohop"]
     per_chain = Counter(d["question"] for d in two)
     assert per_chain and max(per_chain.values()) <= CHAIN_DEMO_COPIES
-    assert len(two) == min(len(per_chain) * CHAIN_DEMO_COPIES, 40 // 5)   # mix_demos=40: a fifth is 8
+    assert len(two) == min(len(per_chain) * CHAIN_DEMO_COPIES, 3 * 40 // 20)   # mix_demos=40: 15% is 6
     assert max(per_chain.values()) - min(per_chain.values()) <= 1      # every chain once before any twice
 
 
 def test_build_is_deterministic(built, tok, retriever):
     again = build(corpus(), tok, retriever, _old_eval(), {"solver_qa": [], "proposer": []}, [], seed=0, reading_n=6,
-                  twohop_n=5, max_info_tokens=160, title_rows=1, mix_demos=40)
+                  twohop_n=5, title_rows=1, mix_demos=40)
     assert json.dumps(again.reading_heldout) == json.dumps(built.reading_heldout)
     assert json.dumps(again.twohop_heldout) == json.dumps(built.twohop_heldout)
 
@@ -188,13 +251,22 @@ def test_entity_rows_ban_entities_not_answers():
     assert idx.overlaps({"question": "Q?", "answer": ["x"], "entities": ["Korkor Town"]})
 
 
-def test_quote_and_title_thought():
+def test_quote_and_title_thought(tok):
+    from dataprep.protocol import Protocol
+
     s = " ".join(f"w{i}" for i in range(40)) + " answer here"
-    q = quote(s, "answer")
+    q = quote(s, "answer", 22)
     assert "answer" in q and len(q.split()) <= 24
     demo = {"role": "solver", "answer": ["Korkor Town"], "question": "q", "turns": [
         {"kind": "model", "text": "<search> x </search>"},
         {"kind": "info", "docs": [{"id": "1", "contents": "Korkor Town\nKorkor Town is a city in Korkia. More.", "score": 1}]},
         {"kind": "model", "text": "<think> Doc 1 is about Korkor Town. </think>\n<answer> Korkor Town </answer>"}]}
-    assert title_demo_think(demo)["turns"][-1]["text"] == (
-        "<think> Korkor Town is a city in Korkia. </think>\n<answer> Korkor Town </answer>")
+    # a description question: the thought names the page it answers with, then quotes its first sentence
+    assert title_demo_think(demo, tok, Protocol())["turns"][-1]["text"] == (
+        "<think> Doc 1 is about Korkor Town: Korkor Town is a city in Korkia. </think>\n<answer> Korkor Town </answer>")
+    # a span mentioned in a doc: the sentence that holds it is quoted
+    span = {**demo, "answer": ["Korkia"], "turns": demo["turns"][:2] + [
+        {"kind": "model", "text": "<think> Doc 1 mentions Korkia. </think>\n<answer> Korkia </answer>"}]}
+    assert title_demo_think(span, tok, Protocol())["turns"][-1]["text"] == (
+        "<think> Doc 1: Korkor Town is a city in Korkia. </think>\n<answer> Korkia </answer>")
+    assert title_demo_think(demo, tok, Protocol(max_tokens_per_turn=8)) is None     # nothing fits 8 tokens
