@@ -87,6 +87,12 @@ def test_demo_smoke_runs_and_reruns(tmp_path):
     assert json.loads((out / "config.json").read_text())["rollout"]["max_tokens_per_turn"] == 16   # and training
     assert {"reading_heldout", "twohop_heldout"} <= set(res["per_source"])
     assert "questions answered" in first
+    # the demo mix the SFT trained on fits the demo's own rollout protocol, demo by demo (issue 31)
+    from transformers import AutoTokenizer
+
+    from tests.recipe_protocol import misfits, script_protocol
+    tok = AutoTokenizer.from_pretrained(REPO / "data" / "models" / "SmolLM2-135M-Instruct")
+    assert not misfits(REPO / "data" / "train" / "coldstart_mix.jsonl", script_protocol(DEMO), tok)
     sft_mtime = (hf / "config.json").stat().st_mtime
 
     # second run, one step further: the SFT export is reused, leg 1 is skipped, leg 2 resumes from

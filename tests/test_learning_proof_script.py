@@ -35,6 +35,13 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     (tmp_path / "proof.log").write_text(r.stdout)
     assert r.returncode == 0, r.stdout[-6000:]
 
+    # the demo mix the SFT trained on fits the ladder's own rollout protocol, demo by demo (issue 31)
+    from transformers import AutoTokenizer
+
+    from tests.recipe_protocol import misfits, script_protocol
+    tok = AutoTokenizer.from_pretrained(REPO / "data" / "models" / "SmolLM2-135M-Instruct")
+    assert not misfits(REPO / "data" / "train" / "coldstart_mix.jsonl", script_protocol(PROOF), tok)
+
     # the dev split is cut from the QA rows and kept apart from what rung 1 trains on
     dev = [json.loads(x) for x in (out / "qa_dev.jsonl").read_text().splitlines()]
     train = {json.loads(x)["question"] for x in (out / "qa_train.jsonl").read_text().splitlines()}

@@ -1,0 +1,20 @@
+"""The CPU ladder and the demo train under one rollout protocol, and scripts/sft_coldstart.sh builds the demo mix
+for that same protocol (issue 31). The smoke tests of both scripts then check the mix they trained on, demo by
+demo (tests/test_learning_proof_script.py, tests/test_demo_script.py)."""
+
+from tests.recipe_protocol import REPO, script_protocol, sft_protocol
+
+
+def test_the_ladder_the_demo_and_the_sft_mix_share_one_protocol():
+    ladder = script_protocol(REPO / "scripts" / "learning_proof_cpu.sh")
+    demo = script_protocol(REPO / "scripts" / "demo_cpu.sh")
+    assert ladder == demo == sft_protocol(), (ladder, demo, sft_protocol())
+    assert ladder.max_turns == 3 and ladder.max_tokens_per_turn == 64     # what the measured runs use
+
+
+def test_the_reader_sees_a_changed_default(tmp_path):
+    s = tmp_path / "s.sh"
+    s.write_text('CAP=${CAP:-48}\nP=(--max_turns 4 --max_tokens_per_turn "$CAP" --max_info_tokens 200)\n'
+                 "T=(--min_searches 3 --min_question_words 6)\n")
+    p = script_protocol(s)
+    assert (p.max_turns, p.max_tokens_per_turn, p.max_info_tokens, p.min_searches, p.min_question_words) == (4, 48, 200, 3, 6)
