@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.learning_common import (NAN, OOD_SOURCES, READING_SOURCES, _f, _fresh_acc, _mean_of, _num, pooled,
-                                   searches, twohop_set, verdict)
+from bench.learning_common import (NAN, OOD_SOURCES, READING_SOURCES, _f, _fresh_acc, _informative_share, _mean_of,
+                                   _num, pooled, searches, twohop_set, verdict)
 from bench.report import md_table
 
 
@@ -28,7 +28,9 @@ class Comparison:
     base_label: str     # "rung 2"
     new_prefix: str     # run-folder prefix, e.g. "distill_seed"
     base_prefix: str
-    cost_key: str       # the metrics.jsonl timing of the extra cost, e.g. "timing_s/teacher"
+    cost_key: str | None  # the metrics.jsonl timing of the extra cost, e.g. "timing_s/teacher"; None: the two rungs
+                          # share no cost key (rung 2's step plays a whole game), so the base rung's own step time
+                          # sets the exchange rate (both rungs must then run on one quiet machine)
     cost_name: str      # "teacher" (keys: <cost_name>_time_share); prose: cost_what
     cost_what: str      # "The teacher forward makes a rung-3 step dearer"
     key: str            # results.json prefix, e.g. "learning_distill"
@@ -46,6 +48,13 @@ COMPARISONS = (
                (("solver acc (training)", _mean_of("solver/acc")),
                 ("critic explained variance (training)", _mean_of("critic/explained_variance")),
                 ("critic value loss (training)", _mean_of("critic/value_loss")))),
+    # issue 31: does self-play without labelled questions reach RL on labelled ones, for the same training time?
+    Comparison("ssp", "qa", "rung 2", "rung 1", "seed", "qa_seed", None, "game",
+               "A rung-2 step plays the proposer (and its RAG check) before the solver and trains both roles",
+               "learning_ssp", "QA_STEPS",
+               (("solver acc (training)", _mean_of("solver/acc")),
+                ("fresh-question solver acc (training)", _fresh_acc),
+                ("informative solver groups (training)", _informative_share))),
 )
 
 
@@ -56,7 +65,7 @@ def rl_seconds(metrics: list[dict], upto: int) -> float:
 
 
 def equal_wall_milestone(distill: dict, last3: int, ssp_steps: list[int],
-                         cost_key: str = "timing_s/teacher") -> tuple[int, int, float]:
+                         cost_key: str | None = "timing_s/teacher", base_runs: dict | None = None) -> tuple[int, int, float]:
     """-> (the base rung's milestone nearest n_equal, n_equal, the extra cost's share of the dearer rung's training
     time). n_equal: the base-rung steps that the dearer rung's training wall time buys, last3 x W3 / (W3 - T3), with
     W3 the summed timing_s/step and T3 the summed `cost_key` (rung 3's teacher, rung 1gae's critic) of the dearer
@@ -64,6 +73,11 @@ def equal_wall_milestone(distill: dict, last3: int, ssp_steps: list[int],
     the dearer rung's own runs, so it holds when the base rung ran on another day or beside other load, where
     comparing the two rungs' clocks would not."""
     w3 = statistics.median(rl_seconds(r["metrics"], last3) for r in distill.values())
+    if cost_key is None:   # no shared cost: the base rung's own median step time (base_runs) is the exchange rate
+        steps = [[q["timing_s/step"] for q in r["metrics"] if "timing_s/step" in q] for r in (base_runs or {}).values()]
+        per_step = statistics.median(statistics.median(x) for x in steps if x) if any(steps) else 0.0
+        n_equal = max(1, round(w3 / per_step)) if per_step and w3 else last3   # no clock logged: step for step
+        return min(ssp_steps, key=lambda m: (abs(m - n_equal), -m)), n_equal, NAN
     t3 = statistics.median(sum(q.get(cost_key, 0.0) for q in r["metrics"] if q["step"] <= last3)
                            for r in distill.values())
     n_equal = max(1, round(last3 * w3 / (w3 - t3))) if w3 > t3 else last3
@@ -121,7 +135,7 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
     last3 = d_steps[-1]
     walls3 = {s: rl_seconds(r["metrics"], last3) for s, r in d_runs.items()}
     wall3 = statistics.median(walls3.values())
-    m2, n_equal, share = equal_wall_milestone(d_runs, last3, s_steps, c.cost_key)
+    m2, n_equal, share = equal_wall_milestone(d_runs, last3, s_steps, c.cost_key, s_runs)
     wall2 = statistics.median(rl_seconds(r["metrics"], m2) for r in s_runs.values())
     fin3 = [d_runs[s]["evals"][last3] for s in seeds]
     fin2 = [s_runs[s]["evals"][m2] for s in seeds]
@@ -175,9 +189,10 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
     a_ok = None if math.isnan(pooled_std) else over > 2 * pooled_std
     ood_ok = None if math.isnan(ood_std) else ood_gain > 2 * ood_std
     new, base = c.new_label, c.base_label
+    rate = (f"it took {_f(100 * share)}% of {new}'s training time ({c.cost_key} over timing_s/step, median over seeds)"
+             if c.cost_key else f"{base}'s own median step (timing_s/step) sets the exchange rate")
     md = (f"{new.capitalize()} against {base} at equal training wall time. {c.cost_what}; "
-          f"it took {_f(100 * share)}% of {new}'s training time ({c.cost_key} over timing_s/step, median "
-          f"over seeds), so {new}'s {last3} steps cost what {n_equal} {base} steps cost, and {base} is read at its "
+          f"{rate}, so {new}'s {last3} steps cost what {n_equal} {base} steps cost, and {base} is read at its "
           f"milestone nearest that, step {m2}"
           f"{'' if n_equal == m2 else f' (step {n_equal} was not run: re-run {base} with {c.steps_var} ending in {n_equal})'}. "
           f"Training clocks as measured (the sum of timing_s/step, median over seeds; they compare only where both "
@@ -202,6 +217,7 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
             f"{k}.{c.cost_name}_time_share": _num(share, 3),
             f"{k}.wall_minutes": {c.new: round(wall3 / 60, 2), c.base: round(wall2 / 60, 2)},
             f"{k}.ood_gain": _num(ood_gain, 3), f"{k}.ood_seed_std": _num(ood_std, 3),
+            f"{k}_vs_{c.base}.gain": _num(boot, 3), f"{k}_vs_{c.base}.ci95": [round(lo, 3), round(hi, 3)],
             f"{k}.answer_habits": {lab: {h: _num(statistics.mean(x[h] for x in v)) for h in v[0]}
                                    for lab, v in habits.items() if v}}
     return keys, md

@@ -196,6 +196,9 @@ def test_both_rl_rungs_get_their_own_sections_keys_and_one_plot(tmp_path, result
     out = tmp_path / "lp"
     _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})                                     # rung 2
     _run_folder(out, {"1": 0.40, "2": 0.50, "3": 0.45}, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")  # rung 1
+    for s in ("1", "2", "3"):   # both rungs reported: rung 2 against rung 1 at equal wall time reads the answers
+        _examples(out / f"seed{s}" / "eval_step4", 6)
+        _examples(out / f"qa_seed{s}" / "eval_step4", 8)
     png = tmp_path / "both.png"
     assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4",
                                 "--qa_steps", "2", "4", "--png", str(png)]) == 0
@@ -366,3 +369,30 @@ def test_critic_rung_against_rung1_at_the_step_its_critic_time_buys(tmp_path, re
     assert "## learning_qa_gae_vs_qa" in md and "Rung 1gae against rung 1" in md
     assert "re-run rung 1 with QA_STEPS ending in 16" in md
     assert "target gain over rung 1 > 2 x pooled std **NOT met**" in md
+
+
+def test_ssp_against_rung1_at_the_steps_its_wall_time_buys(tmp_path, results):
+    """Issue 31: self-play against RL on labelled questions for the same training time. Rung 2 steps cost 30 s and
+    rung 1 steps 10 s (each rung's own clock: they share no cost key), so rung 2's 4 steps buy 12 rung-1 steps and
+    rung 1 is read at its milestone 12, not at 4 or 8. Rung 2 answers 3 more of the 20 reading questions on every
+    seed: +15 points, and learning_ssp_vs_qa.gain / .ci95 carry the paired bootstrap."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})                                          # rung 2, steps 2, 4
+    _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, steps=12, mid=8, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")
+    for s in ("1", "2", "3"):
+        _timed_metrics(out / f"seed{s}", 4, 30.0)
+        _timed_metrics(out / f"qa_seed{s}", 12, 10.0)
+        _examples(out / f"seed{s}" / "eval_step4", 9)
+        _examples(out / f"qa_seed{s}" / "eval_step12", 6)
+        _examples(out / f"qa_seed{s}" / "eval_step8", 19)     # not the milestone the wall time buys
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4",
+                                "--qa_steps", "8", "12", "--png", str(tmp_path / "p.png")]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning_ssp.qa_equal_wall_step"] == 12 and keys["learning_ssp.qa_equal_wall_step_needed"] == 12
+    assert keys["learning_ssp_vs_qa.gain"] == pytest.approx(15.0, abs=1e-3)
+    lo, hi = keys["learning_ssp_vs_qa.ci95"]
+    assert lo <= 15.0 <= hi and lo >= 0.0
+    assert keys["learning_ssp.wall_minutes"] == {"ssp": 2.0, "qa": 2.0}
+    md = (results / "RESULTS.md").read_text()
+    assert "## learning_ssp_vs_qa" in md and "Rung 2 against rung 1" in md
+    assert "rung 1's own median step (timing_s/step) sets the exchange rate" in md
