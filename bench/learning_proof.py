@@ -33,6 +33,11 @@ training games), <prefix><S>/eval_step<M>/results.json per milestone and <out>/t
   <name>.seed_std               its sample standard deviation over seeds, points
   <name>.minutes_per_seed       minutes one seed takes end to end on its own: SFT + SFT eval (shared here,
                                 counted in full for every seed) + RL + its evals
+  <name>.informative_share      self-play rungs (2, 3): the share of solver groups whose rewards are not all equal
+                                (the only ones a group baseline draws a gradient from), over every training step
+                                to the last milestone, mean over seeds (issue 31: >= 0.30)
+  <name>.valid_rate             mean of game/valid_rate over those steps and seeds (issue 31: >= 0.5)
+  <name>.fresh_acc              solver accuracy on the round's own fresh questions, count-weighted (issue 31: 0.15-0.85)
 The SFT eval against the title heuristic (section learning_baseline, written with any RL rung):
   learning_baseline.title_em     {"overall", <data_source>..}: question-title baseline, % (the question
                                  searched once, Doc 1's title as the answer; policy-free)

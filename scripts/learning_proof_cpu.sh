@@ -64,6 +64,9 @@ PROMPTS=${PROMPTS:-8}          # rung 2: proposer prompts per step
 SOLVER_N=${SOLVER_N:-8}        # G_s, both rungs
 MINI=${MINI:-2}                # --ppo_mini_batches
 FORMAT_PENALTY=${FORMAT_PENALTY:--1}
+RAG_VERIFY=${RAG_VERIFY:-policy}          # rung 2: the RAG check (policy: the solver's own view, inference/game.solver_view)
+PROPOSER_REWARD=${PROPOSER_REWARD:-auto}  # rung 2: auto = 1-acc with a RAG check, 4s(1-s) without
+SSP_EXTRA=${SSP_EXTRA:-}                  # rung 2 (and 3): more train.py flags, e.g. a lever tried on the dev split
 PASSK=${PASSK:-8}
 PASSK_LIMIT=${PASSK_LIMIT:-30}
 DEV_ROWS=${DEV_ROWS:-200}
@@ -142,7 +145,8 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
   --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5 --dump_rollouts true)
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
 SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2 --min_question_words 4
-  --rag_verify off --proposer_reward auto --format_penalty "$FORMAT_PENALTY" --proposer_estimator reinforce++)
+  --rag_verify "$RAG_VERIFY" --proposer_reward "$PROPOSER_REWARD" --format_penalty "$FORMAT_PENALTY"
+  --proposer_estimator reinforce++ $SSP_EXTRA)
 GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
   --critic_gradient_checkpointing false)
 DISTILL_ARGS=("${SSP_ARGS[@]}" --distill sampled --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")
