@@ -5,10 +5,11 @@
         question = its final <question> (the parser's last complete action)
         reason   = check_question(...)                         # cheap filters, named reasons
         rag      = answer it from its own docs + k distractor doc sets; EM, else the judge
-    failed slots <- questions from the pool of past valid questions (flag)
+    failed slots <- distinct questions from the pool of past valid questions (flag)
     sols  = run_rollouts(every question x G_s)                 # ONE batched call
     solver reward   = correct (EM, else judge) / spam_divisor if the answer tag was spammed
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  invalid_penalty if invalid
+    pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
 samples of question j share "s{step}-q{j}". Rewards are written into the trajectories;
@@ -87,6 +88,16 @@ class GameConfig:
     batch keeps its size while the proposer is still bad (SSP's get_random_existing_problems)."""
     pool_size: int = 1024
     """Oldest questions are dropped past this; bounds memory and checkpoint size."""
+    pool_min_solve_rate: float = 0.0
+    """A fresh valid question joins the pool only when its solver group's solve rate s is at least this.
+    0 admits never-solved questions; > 0 keeps them out (a group that is always wrong teaches nothing)."""
+    pool_max_solve_rate: float = 1.0
+    """... and at most this: SSP's reuse_success_rate_threshold (it keeps problems with success rate <=
+    the threshold; its train_ssp.sh uses 1.0, i.e. every valid question)."""
+    pool_clear_every: int = 10
+    """Every N steps the trainer removes what the game admitted (SSP's pool_clear_interval, 10 in its
+    train_ssp.sh), so stale questions do not outlive the policy that wrote them; rows seeded from a file
+    (step SEED_STEP) stay. 0 = never."""
     # --- rewards ---
     proposer_reward: str = "1-acc"
     """"1-acc" (SSP's default: harder is better) or "4s(1-s)" (favours questions solved half the time)."""
@@ -108,17 +119,40 @@ class GameConfig:
             raise ValueError(f"proposer_reward must be one of {PROPOSER_REWARD_KINDS}, got {self.proposer_reward!r}")
         if self.rag_distractors < 0 or self.pool_size < 1:
             raise ValueError(f"need rag_distractors >= 0 and pool_size >= 1, got {self.rag_distractors}, {self.pool_size}")
+        if not 0.0 <= self.pool_min_solve_rate <= self.pool_max_solve_rate <= 1.0:
+            raise ValueError(f"need 0 <= pool_min_solve_rate <= pool_max_solve_rate <= 1, got "
+                             f"{self.pool_min_solve_rate}, {self.pool_max_solve_rate}")
+        if self.pool_clear_every < 0:
+            raise ValueError(f"pool_clear_every must be >= 0 (0 = never), got {self.pool_clear_every}")
         self.filter_config()  # validates the filter fields
 
     def filter_config(self) -> FilterConfig:
         return FilterConfig(self.min_question_chars, self.max_question_chars, self.min_question_words,
                             self.min_searches, self.searches_at_least_n)
 
+    def pool_admits(self, solve_rate: float) -> bool:
+        """A fresh valid question with this solve rate over its solver group joins the pool."""
+        return self.pool_min_solve_rate <= solve_rate <= self.pool_max_solve_rate
+
+
+def pool_clear_due(step: int, every: int) -> bool:
+    """The trainer clears the pool at the start of step `step` (0-based): every `every` steps, never at step 0.
+    A function of the step alone, so every rank clears together and a resumed run clears where the original did."""
+    return every > 0 and step > 0 and step % every == 0
+
+
+SEED_STEP = -1
+"""The step recorded for rows seeded from a file (--pool_init): the user's cold-start rows, which clearing keeps."""
+
 
 class QuestionPool:
-    """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints."""
+    """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints.
 
-    def __init__(self, max_size: int = 1024, seed: int = 0):
+    An item: {"question", "answer", "step"} (the step that admitted it; SEED_STEP for seeded rows), plus
+    "qcp" (the question's construction path) and "solve_rate" (its solver group's, when admitted) if known.
+    """
+
+    def __init__(self, max_size: int = GameConfig.pool_size, seed: int = 0):
         self.max_size = max_size
         self.items: deque[dict] = deque(maxlen=max_size)
         self.rng = random.Random(seed)
@@ -126,30 +160,39 @@ class QuestionPool:
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None) -> None:
-        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher."""
+    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None,
+            solve_rate: float | None = None) -> bool:
+        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher.
+        solve_rate: its solver group's solve rate in the round that admitted it. False: already held."""
         key = normalize_answer(question)
         if any(normalize_answer(it["question"]) == key for it in self.items):
-            return
-        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {})})
+            return False
+        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {}),
+                           **({"solve_rate": float(solve_rate)} if solve_rate is not None else {})})
+        return True
 
     def sample(self, k: int) -> list[dict]:
-        """k questions, distinct while the pool has enough."""
+        """min(k, len) distinct questions, drawn without replacement. Slots the pool cannot fill stay empty:
+        drawing with replacement once let one never-solved question fill 7 of 8 slots in a step."""
         if not self.items or k <= 0:
             return []
-        items = list(self.items)
-        if k <= len(items):
-            return self.rng.sample(items, k)
-        return [self.rng.choice(items) for _ in range(k)]
+        return self.rng.sample(list(self.items), min(k, len(self.items)))
+
+    def clear_admitted(self) -> int:
+        """Remove every question the game admitted; rows seeded from a file (step < 0) stay. Returns how many went."""
+        keep = [it for it in self.items if it.get("step", 0) < 0]
+        removed = len(self.items) - len(keep)
+        self.items = deque(keep, maxlen=self.max_size)
+        return removed
 
     def to_list(self) -> list[dict]:
         return [dict(it) for it in self.items]
 
     @classmethod
-    def from_list(cls, items: Sequence[dict], max_size: int = 1024, seed: int = 0) -> "QuestionPool":
+    def from_list(cls, items: Sequence[dict], max_size: int = GameConfig.pool_size, seed: int = 0) -> "QuestionPool":
         pool = cls(max_size, seed)
         for it in items:
-            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"))
+            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"), it.get("solve_rate"))
         return pool
 
 
@@ -397,8 +440,9 @@ def play_round(
         missing key or None = no search tool for that role).
     judge: grades solver answers (Judge() = exact match only); with rag_verifier="judge" it
         also answers the RAG check, so it then needs a server.
-    pool: past valid questions; read to fill invalid slots (if cfg.pool_fill), then extended
-        with this round's valid questions. None = no pool.
+    pool: past valid questions; read to fill invalid slots (if cfg.pool_fill; distinct questions, as many
+        as it holds), then extended with this round's valid questions whose solve rate lies in
+        [cfg.pool_min_solve_rate, cfg.pool_max_solve_rate] (admit_to_pool). None = no pool.
     step: names the group ids and seeds this round's choices.
     rollout_cfg: one RolloutConfig, or {"proposer": cfg, "solver": cfg} (e.g. self-search for one role).
     qa_questions: fixed QA pairs ({"question", "answer"}) the solver also plays this round
@@ -426,22 +470,41 @@ def play_round(
                   for f in fills]
     questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}
                   for q in qa_questions]
-    if pool is not None:   # after filling, so a round never re-asks its own fresh questions
-        for i in valid:
-            pool.add(props[i].question, props[i].answer, step, qcps[i])
     sols = solve(engine, questions, solver_search, cfg, sol_rcfg, step)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
         t.info["rag"] = verdict.get(i)
     excluded = mark_excluded(props, sols, verdict)
+    # after the fills were drawn, so a round never re-asks its own fresh questions; after scoring, so each
+    # question's solve rate is known
+    admitted = admit_to_pool(pool, props, sols, valid, qcps, cfg, step) if pool is not None else 0
 
     one_search = one_search_answerable([props[i].question for i in valid], [props[i].answer for i in valid],
                                        solver_search, sol_rcfg.topk)
-    stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search)
+    stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
+                   admitted=admitted)
     stats.update(excluded)
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     return GameResult(props + sols, stats)
+
+
+def admit_to_pool(pool: QuestionPool, props: list[Trajectory], sols: list[Trajectory], valid: Sequence[int],
+                  qcps: dict[int, dict], cfg: GameConfig, step: int) -> int:
+    """Add this round's valid questions whose solve rate s (info["solver_acc"], set by score()) the pool
+    admits (cfg.pool_admits); returns how many joined. A question whose solver group was left out of the
+    loss (mark_excluded: its judging or search failed) has no measured s and stays out. Each proposer
+    trajectory records info["pool_admitted"]."""
+    unmeasured = {t.info["meta"]["proposer"] for t in sols
+                  if t.info["meta"].get("proposer") is not None and t.info.get("excluded")}
+    admitted = 0
+    for i in valid:
+        t = props[i]
+        s = t.info["solver_acc"]
+        ok = i not in unmeasured and cfg.pool_admits(s) and pool.add(t.question, t.answer, step, qcps[i], s)
+        t.info["pool_admitted"] = bool(ok)
+        admitted += bool(ok)
+    return admitted
 
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:
@@ -513,6 +576,7 @@ SOURCES = ("fresh", "pool", "qa")
 COUNT_KEYS = frozenset({
     "game/groups", "game/excluded_groups", "game/excluded_trajs", "game/proposer_trajs", "game/questions",
     "game/pool_fills", "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct",
+    "game/pool_admitted", "game/pool_cleared",
     "game/rag_checked", "game/rag_unavailable", "game/valid_questions", "game/valid_doc1_title",
     "game/valid_answer_in_text", "game/valid_probed", "game/valid_one_search", "game/no_question",
     "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/rounds",
@@ -582,7 +646,8 @@ def shares(summed: dict[str, float]) -> dict[str, float]:
 def rollout_record(t: Trajectory) -> dict:
     """One trajectory as a JSON line for reading what the game plays (--dump_rollouts): the text, the reward and
     every why the round recorded. Token ids stay out; the documents appear as the titles each search returned."""
-    keys = ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pred", "correct", "spam", "excluded", "cap")
+    keys = ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pool_admitted", "pred", "correct", "spam",
+            "excluded", "cap")
     return {"role": t.role, "group_id": t.group_id, "source": t.info.get("meta", {}).get("source"),
             "question": t.question, "answer": t.answer, "reward": t.reward, "stop_reason": t.stop_reason,
             "no_question": no_question_why(t) if t.role == "proposer" else None,
@@ -614,7 +679,7 @@ def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], sear
     return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
 
 
-def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None) -> dict:
+def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0) -> dict:
     counts = Counter(r for r in reasons if r is not None)
     valid = [t for t, r in zip(props, reasons) if r is None]
     checked = [v for v in verdict.values() if v is not None]
@@ -670,5 +735,6 @@ def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=N
     pooled = [t for t in sols if t.info["meta"]["source"] == "pool"]
     s["game/pool_served_trajs"] = len(pooled)
     s["game/pool_served_correct"] = sum(float(t.info["correct"]) for t in pooled)
+    s["game/pool_admitted"] = admitted   # fresh questions the pool took (game/pool_cleared: the trainer's)
     s.update(signal_counts(sols))
     return s

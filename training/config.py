@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from inference.game import GameConfig  # light: no torch, vLLM or transformers
+
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
 
@@ -124,6 +126,16 @@ class SelfPlayArgs:
     min_searches: int = F(2, "questions from proposer trajectories with fewer distinct searches are invalid")
     use_pool: bool = F(True, "refill failed question slots from a pool of earlier valid questions")
     pool_size: int = F(256, "max questions kept in the pool (checkpointed)")
+    pool_min_solve_rate: float = F(GameConfig.pool_min_solve_rate, "a valid question joins the pool only when its "
+                                                                   "solver group's solve rate is at least this; > 0 "
+                                                                   "keeps never-solved questions out")
+    pool_max_solve_rate: float = F(GameConfig.pool_max_solve_rate, "a valid question joins the pool only when its "
+                                                                   "solver group's solve rate is at most this (SSP's "
+                                                                   "reuse_success_rate_threshold; its train_ssp.sh "
+                                                                   "uses 1.0: every valid question)")
+    pool_clear_every: int = F(GameConfig.pool_clear_every, "every N steps the pool drops the questions the game "
+                                                           "admitted, keeping --pool_init's rows (SSP's "
+                                                           "pool_clear_interval); 0 = never")
     pool_init: str = F("", "QA rows (question, golden_answers) that seed the pool, so the solver trains while the "
                            "proposer cannot yet write valid questions (cold start)")
     judge: str = F("em", "answer judge: em (no server) or llm (OpenAI-compatible server at --judge_url)", choices=("em", "llm"))
@@ -511,6 +523,12 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
         errs.append(f"--qa_data {sp.qa_data} does not exist")
     if sp.pool_init and not Path(sp.pool_init).exists():
         errs.append(f"--pool_init {sp.pool_init} does not exist")
+    if not 0.0 <= sp.pool_min_solve_rate <= sp.pool_max_solve_rate <= 1.0:
+        errs.append(f"--pool_min_solve_rate {sp.pool_min_solve_rate} and --pool_max_solve_rate {sp.pool_max_solve_rate} "
+                    f"are solve rates: they must satisfy 0 <= min <= max <= 1")
+    if sp.pool_clear_every < 0 or sp.pool_size < 1:
+        errs.append(f"--pool_clear_every must be >= 0 (0 = never) and --pool_size >= 1 (got {sp.pool_clear_every}, "
+                    f"{sp.pool_size})")
     if sp.pool_init and not sp.use_pool:
         errs.append("--pool_init seeds the question pool, which --use_pool false switches off")
     if sp.self_play_enable and not Path(sp.train_data).exists():
