@@ -53,12 +53,14 @@ EXCLUSION_REASONS = ("judge_failed", "search_failed")
 
 @dataclass
 class GameConfig:
+    """The game's settings. Each field's default is the one default of that setting: train.py's flags
+    (training/config.py) read it from here, so the two cannot drift apart."""
     # --- sampling ---
     proposer_samples: int = 1
     """G_p: proposer rollouts per prompt. 1 is SSP's setting (PROPOSER_N=1); group-norm advantages
     then give the proposer no baseline, so pair G_p=1 with a batch or EMA baseline."""
     solver_samples: int = 5
-    """G_s: solver rollouts per question. SSP uses 5; the proposer's reward is read off this group."""
+    """G_s: solver rollouts per question. SSP uses 5 (its n); the proposer's reward is read off this group."""
     template: str = "auto"
     """Chat template for both roles (inference.prompts.TEMPLATES)."""
     # --- cheap filters (inference/filters.py) ---
@@ -70,12 +72,14 @@ class GameConfig:
     searches_at_least_n: bool = False
     """Also require the n searches the prompt asked for (the SSP paper's intent)."""
     # --- RAG check ---
-    rag_verifier: str = "judge"
+    rag_verifier: str = "off"
     """Who answers the question from the proposer's documents: "judge" (the judge server, as SSP),
-    "policy" (the policy itself, greedy, no search) or "off" (skip the check)."""
-    rag_distractors: int = 4
+    "policy" (the policy itself, greedy, no search) or "off" (skip the check). Off by default because
+    the default judge is exact match, with no server to answer the check."""
+    rag_distractors: int = 2
     """Document sets from other proposer trajectories mixed in, so a question that only looks
-    answerable because its documents are the only ones shown still fails. 0 = own docs only."""
+    answerable because its documents are the only ones shown still fails. 0 = own docs only. 2, not
+    more: a small model's context is short, and the budget below drops distractors first anyway."""
     rag_max_tokens: int = 64
     """Room for the RAG answer (a short answer in <answer> tags); raise it for judges that think first."""
     rag_max_doc_chars: int = 1200
@@ -86,8 +90,9 @@ class GameConfig:
     pool_fill: bool = True
     """Fill the solver slot of an invalid question with a past valid question, so the solver
     batch keeps its size while the proposer is still bad (SSP's get_random_existing_problems)."""
-    pool_size: int = 1024
-    """Oldest questions are dropped past this; bounds memory and checkpoint size."""
+    pool_size: int = 256
+    """Oldest questions are dropped past this; bounds memory and checkpoint size. The pool is cleared
+    every pool_clear_every steps, so it seldom gets near it."""
     pool_min_solve_rate: float = 0.0
     """A fresh valid question joins the pool only when its solver group's solve rate s is at least this.
     0 admits never-solved questions; > 0 keeps them out (a group that is always wrong teaches nothing)."""
@@ -99,8 +104,9 @@ class GameConfig:
     train_ssp.sh), so stale questions do not outlive the policy that wrote them; rows seeded from a file
     (step SEED_STEP) stay. 0 = never."""
     # --- rewards ---
-    proposer_reward: str = "1-acc"
-    """"1-acc" (SSP's default: harder is better) or "4s(1-s)" (favours questions solved half the time)."""
+    proposer_reward: str = "auto"
+    """"1-acc" (SSP's default: harder is better), "4s(1-s)" (favours questions solved half the time), or
+    "auto": 1-acc when a RAG check rejects unanswerable questions, else 4s(1-s) (resolve_proposer_reward)."""
     invalid_penalty: float = -1.0
     """Proposer reward for an invalid question; below every valid reward (>= 0) so invalid is always worse."""
     spam_divisor: float = 4.0
@@ -115,8 +121,10 @@ class GameConfig:
             raise ValueError(f"proposer_samples and solver_samples must be >= 1, got {self.proposer_samples}, {self.solver_samples}")
         if self.rag_verifier not in RAG_VERIFIERS:
             raise ValueError(f"rag_verifier must be one of {RAG_VERIFIERS}, got {self.rag_verifier!r}")
+        self.proposer_reward = resolve_proposer_reward(self.proposer_reward, self.rag_verifier)
         if self.proposer_reward not in PROPOSER_REWARD_KINDS:
-            raise ValueError(f"proposer_reward must be one of {PROPOSER_REWARD_KINDS}, got {self.proposer_reward!r}")
+            raise ValueError(f"proposer_reward must be auto or one of {PROPOSER_REWARD_KINDS}, "
+                             f"got {self.proposer_reward!r}")
         if self.rag_distractors < 0 or self.pool_size < 1:
             raise ValueError(f"need rag_distractors >= 0 and pool_size >= 1, got {self.rag_distractors}, {self.pool_size}")
         if not 0.0 <= self.pool_min_solve_rate <= self.pool_max_solve_rate <= 1.0:
@@ -133,6 +141,15 @@ class GameConfig:
     def pool_admits(self, solve_rate: float) -> bool:
         """A fresh valid question with this solve rate over its solver group joins the pool."""
         return self.pool_min_solve_rate <= solve_rate <= self.pool_max_solve_rate
+
+
+def resolve_proposer_reward(kind: str, rag_verifier: str) -> str:
+    """What proposer_reward "auto" stands for: 1-acc when a RAG check (judge or policy) rejects unanswerable
+    questions, else 4s(1-s), since without the check 1-acc pays the most for a question that is wrong.
+    Any other kind is kept."""
+    if kind != "auto":
+        return kind
+    return "1-acc" if rag_verifier != "off" else "4s(1-s)"
 
 
 def pool_clear_due(step: int, every: int) -> bool:

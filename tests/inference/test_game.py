@@ -174,7 +174,7 @@ def handmade(bm25):
 
 def test_validate_and_score_valid_path(handmade):
     props = handmade
-    cfg = GameConfig(rag_verifier="off", solver_samples=4)
+    cfg = GameConfig(rag_verifier="off", solver_samples=4, proposer_reward="1-acc")
     reasons, verdict = validate(props, None, Judge(), cfg, random.Random(0))
     assert reasons == [None, "answer_in_question", "no_question", None]
     assert verdict == {0: True, 3: True}

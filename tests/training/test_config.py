@@ -20,7 +20,7 @@ def _ok_paths(tmp_path) -> list[str]:
 def test_defaults_parse_with_existing_paths(tmp_path):
     cfg = parse_config(_ok_paths(tmp_path))
     assert isinstance(cfg, Config)
-    assert cfg.selfplay.solver_n == 4 and cfg.algorithm.solver_estimator == "grpo"
+    assert cfg.selfplay.solver_n == 5 and cfg.algorithm.solver_estimator == "grpo"
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -302,6 +302,9 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
         assert proposer_reward([0.0] * 4, want) == 0.0 < proposer_reward([1.0, 0.0, 0.0, 1.0], want)
     # an explicit choice is kept (SSP's "without RAG verification" ablation stays possible)
     assert parse_config(paths + ["--rag_verify", rag, "--proposer_reward", "1-acc"]).selfplay.proposer_reward == "1-acc"
+    from inference.game import GameConfig   # the game's own default is "auto" too, resolved by the same rule
+    assert GameConfig(rag_verifier=rag).proposer_reward == want
+    assert GameConfig(rag_verifier=rag, proposer_reward="1-acc").proposer_reward == "1-acc"
 
 
 def test_search_counts_are_clamped_into_what_the_game_accepts():
