@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from inference.data import EvalRow, load_eval_rows
+from inference.engines import MAX_MODEL_LEN
 from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
@@ -203,18 +204,23 @@ def build_parser() -> argparse.ArgumentParser:
     # rollout protocol
     r = p.add_argument_group("rollout protocol (with --model in a training run, its config.json supplies what is "
                              "not given here; these defaults apply outside a run)")
-    r.add_argument("--topk", type=int, default=3, help="documents per search")
-    r.add_argument("--max_turns", type=int, default=4, help="generation turns per question (each search costs one)")
-    r.add_argument("--max_tokens_per_turn", type=int, default=512, help="token cap of one turn")
-    r.add_argument("--max_total_tokens", type=int, default=4096, help="cap on prompt + all turns + documents")
-    r.add_argument("--max_info_tokens", type=int, default=512, help="token cap of one <information> block")
-    r.add_argument("--max_model_len", type=int, default=4096, help="vLLM context length; >= --max_total_tokens")
-    r.add_argument("--template", default="auto", choices=list(TEMPLATES), help="prompt chat template (inference/prompts.py)")
+    # the defaults are the rollout's own (RolloutConfig), train.py's too: one place each
+    r.add_argument("--topk", type=int, default=RolloutConfig.topk, help="documents per search")
+    r.add_argument("--max_turns", type=int, default=RolloutConfig.max_turns,
+                   help="generation turns per question (each search costs one)")
+    r.add_argument("--max_tokens_per_turn", type=int, default=RolloutConfig.max_tokens_per_turn, help="token cap of one turn")
+    r.add_argument("--max_total_tokens", type=int, default=RolloutConfig.max_total_tokens,
+                   help="cap on prompt + all turns + documents")
+    r.add_argument("--max_info_tokens", type=int, default=RolloutConfig.max_info_tokens,
+                   help="token cap of one <information> block, tags included")
+    r.add_argument("--max_model_len", type=int, default=MAX_MODEL_LEN, help="vLLM context length; >= --max_total_tokens")
+    r.add_argument("--template", default=EvalConfig.template, choices=list(TEMPLATES),
+                   help="prompt chat template (inference/prompts.py)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (never taken from the run)")
-    r.add_argument("--samples", type=int, default=1, help="rollouts per question (needs --temperature > 0 when > 1); "
+    r.add_argument("--samples", type=int, default=EvalConfig.samples, help="rollouts per question (needs --temperature > 0 when > 1); "
                    "K > 1 reports pass@K and mean@K: RL mostly turns pass@k into pass@1, so the gap between pass@K "
                    "and greedy EM is the headroom RL can harvest")
-    r.add_argument("--batch_size", type=int, default=64, help="rollouts per batch (questions x --samples)")
+    r.add_argument("--batch_size", type=int, default=EvalConfig.batch_size, help="rollouts per batch (questions x --samples)")
     # judge
     p.add_argument("--judge_url", default=None, help="OpenAI-compatible judge server; without it the judge is exact match")
     p.add_argument("--judge_model", default=None, help="served judge model name (none: the server's first model)")

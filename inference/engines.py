@@ -40,6 +40,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
+MAX_MODEL_LEN = 4096
+"""The engine's context length unless told otherwise, and the one default of train.py's and eval.py's
+--max_model_len: room for RolloutConfig.max_total_tokens, the hard cap on a trajectory."""
+
 
 @dataclass
 class SamplingConfig:
@@ -372,7 +376,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         external_launcher: bool = False,
         kv_cache_memory_bytes: int | None = None,
-        max_model_len: int = 4096,
+        max_model_len: int = MAX_MODEL_LEN,
         enforce_eager: bool | None = None,
         gpu_memory_utilization: float = 0.5,
         enable_sleep_mode: bool | None = None,

@@ -5,10 +5,11 @@
         question = its final <question> (the parser's last complete action)
         reason   = check_question(...)                         # cheap filters, named reasons
         rag      = answer it from its own docs + k distractor doc sets; EM, else the judge
-    failed slots <- questions from the pool of past valid questions (flag)
+    failed slots <- distinct questions from the pool of past valid questions (flag)
     sols  = run_rollouts(every question x G_s)                 # ONE batched call
     solver reward   = correct (EM, else judge) / spam_divisor if the answer tag was spammed
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  invalid_penalty if invalid
+    pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
 samples of question j share "s{step}-q{j}". Rewards are written into the trajectories;
@@ -27,20 +28,23 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import Counter, deque
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from inference.data import ProposerRow
-from inference.filters import FILTER_REASONS, FilterConfig, check_question
+from inference.filters import FilterConfig, check_question
+# what the round shows (inference/game_metrics.py); its names stay importable from here too
+from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY, SOURCES,  # noqa: F401
+                                    _mean, _stats, answer_in_text, answer_is_first_title, is_count, no_question_why,
+                                    one_search_answerable, rollout_record, shares, signal_counts)
 from inference.judge import Judge, JudgeItem
-from inference.prompts import build_proposer_prompt, build_solver_prompt, doc_title, format_docs
-
+from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import build_self_search_prompt
 from inference.trajectory import Trajectory
-from utils.text import contains_answer, exact_match, normalize_answer
+from utils.text import exact_match, normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -49,14 +53,17 @@ RAG_VERIFIERS = ("judge", "policy", "off")
 EXCLUSION_REASONS = ("judge_failed", "search_failed")
 """Why a group is left out of the loss; when a group has both, the first one names it."""
 
+
 @dataclass
 class GameConfig:
+    """The game's settings. Each field's default is the one default of that setting: train.py's flags
+    (training/config.py) read it from here, so the two cannot drift apart."""
     # --- sampling ---
     proposer_samples: int = 1
     """G_p: proposer rollouts per prompt. 1 is SSP's setting (PROPOSER_N=1); group-norm advantages
     then give the proposer no baseline, so pair G_p=1 with a batch or EMA baseline."""
     solver_samples: int = 5
-    """G_s: solver rollouts per question. SSP uses 5; the proposer's reward is read off this group."""
+    """G_s: solver rollouts per question. SSP uses 5 (its n); the proposer's reward is read off this group."""
     template: str = "auto"
     """Chat template for both roles (inference.prompts.TEMPLATES)."""
     # --- cheap filters (inference/filters.py) ---
@@ -68,12 +75,14 @@ class GameConfig:
     searches_at_least_n: bool = False
     """Also require the n searches the prompt asked for (the SSP paper's intent)."""
     # --- RAG check ---
-    rag_verifier: str = "judge"
+    rag_verifier: str = "off"
     """Who answers the question from the proposer's documents: "judge" (the judge server, as SSP),
-    "policy" (the policy itself, greedy, no search) or "off" (skip the check)."""
-    rag_distractors: int = 4
+    "policy" (the policy itself, greedy, no search) or "off" (skip the check). Off by default because
+    the default judge is exact match, with no server to answer the check."""
+    rag_distractors: int = 2
     """Document sets from other proposer trajectories mixed in, so a question that only looks
-    answerable because its documents are the only ones shown still fails. 0 = own docs only."""
+    answerable because its documents are the only ones shown still fails. 0 = own docs only. 2, not
+    more: a small model's context is short, and the budget below drops distractors first anyway."""
     rag_max_tokens: int = 64
     """Room for the RAG answer (a short answer in <answer> tags); raise it for judges that think first."""
     rag_max_doc_chars: int = 1200
@@ -84,11 +93,23 @@ class GameConfig:
     pool_fill: bool = True
     """Fill the solver slot of an invalid question with a past valid question, so the solver
     batch keeps its size while the proposer is still bad (SSP's get_random_existing_problems)."""
-    pool_size: int = 1024
-    """Oldest questions are dropped past this; bounds memory and checkpoint size."""
+    pool_size: int = 256
+    """Oldest questions are dropped past this; bounds memory and checkpoint size. The pool is cleared
+    every pool_clear_every steps, so it seldom gets near it."""
+    pool_min_solve_rate: float = 0.0
+    """A fresh valid question joins the pool only when its solver group's solve rate s is at least this.
+    0 admits never-solved questions; > 0 keeps them out (a group that is always wrong teaches nothing)."""
+    pool_max_solve_rate: float = 1.0
+    """... and at most this: SSP's reuse_success_rate_threshold (it keeps problems with success rate <=
+    the threshold; its train_ssp.sh uses 1.0, i.e. every valid question)."""
+    pool_clear_every: int = 10
+    """Every N steps the trainer removes what the game admitted (SSP's pool_clear_interval, 10 in its
+    train_ssp.sh), so stale questions do not outlive the policy that wrote them; rows seeded from a file
+    (step SEED_STEP) stay. 0 = never."""
     # --- rewards ---
-    proposer_reward: str = "1-acc"
-    """"1-acc" (SSP's default: harder is better) or "4s(1-s)" (favours questions solved half the time)."""
+    proposer_reward: str = "auto"
+    """"1-acc" (SSP's default: harder is better), "4s(1-s)" (favours questions solved half the time), or
+    "auto": 1-acc when a RAG check rejects unanswerable questions, else 4s(1-s) (resolve_proposer_reward)."""
     invalid_penalty: float = -1.0
     """Proposer reward for an invalid question; below every valid reward (>= 0) so invalid is always worse."""
     spam_divisor: float = 4.0
@@ -103,20 +124,55 @@ class GameConfig:
             raise ValueError(f"proposer_samples and solver_samples must be >= 1, got {self.proposer_samples}, {self.solver_samples}")
         if self.rag_verifier not in RAG_VERIFIERS:
             raise ValueError(f"rag_verifier must be one of {RAG_VERIFIERS}, got {self.rag_verifier!r}")
+        self.proposer_reward = resolve_proposer_reward(self.proposer_reward, self.rag_verifier)
         if self.proposer_reward not in PROPOSER_REWARD_KINDS:
-            raise ValueError(f"proposer_reward must be one of {PROPOSER_REWARD_KINDS}, got {self.proposer_reward!r}")
+            raise ValueError(f"proposer_reward must be auto or one of {PROPOSER_REWARD_KINDS}, "
+                             f"got {self.proposer_reward!r}")
         if self.rag_distractors < 0 or self.pool_size < 1:
             raise ValueError(f"need rag_distractors >= 0 and pool_size >= 1, got {self.rag_distractors}, {self.pool_size}")
+        if not 0.0 <= self.pool_min_solve_rate <= self.pool_max_solve_rate <= 1.0:
+            raise ValueError(f"need 0 <= pool_min_solve_rate <= pool_max_solve_rate <= 1, got "
+                             f"{self.pool_min_solve_rate}, {self.pool_max_solve_rate}")
+        if self.pool_clear_every < 0:
+            raise ValueError(f"pool_clear_every must be >= 0 (0 = never), got {self.pool_clear_every}")
         self.filter_config()  # validates the filter fields
 
     def filter_config(self) -> FilterConfig:
         return FilterConfig(self.min_question_chars, self.max_question_chars, self.min_question_words,
                             self.min_searches, self.searches_at_least_n)
 
-class QuestionPool:
-    """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints."""
+    def pool_admits(self, solve_rate: float) -> bool:
+        """A fresh valid question with this solve rate over its solver group joins the pool."""
+        return self.pool_min_solve_rate <= solve_rate <= self.pool_max_solve_rate
 
-    def __init__(self, max_size: int = 1024, seed: int = 0):
+
+def resolve_proposer_reward(kind: str, rag_verifier: str) -> str:
+    """What proposer_reward "auto" stands for: 1-acc when a RAG check (judge or policy) rejects unanswerable
+    questions, else 4s(1-s), since without the check 1-acc pays the most for a question that is wrong.
+    Any other kind is kept."""
+    if kind != "auto":
+        return kind
+    return "1-acc" if rag_verifier != "off" else "4s(1-s)"
+
+
+def pool_clear_due(step: int, every: int) -> bool:
+    """The trainer clears the pool at the start of step `step` (0-based): every `every` steps, never at step 0.
+    A function of the step alone, so every rank clears together and a resumed run clears where the original did."""
+    return every > 0 and step > 0 and step % every == 0
+
+
+SEED_STEP = -1
+"""The step recorded for rows seeded from a file (--pool_init): the user's cold-start rows, which clearing keeps."""
+
+
+class QuestionPool:
+    """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints.
+
+    An item: {"question", "answer", "step"} (the step that admitted it; SEED_STEP for seeded rows), plus
+    "qcp" (the question's construction path) and "solve_rate" (its solver group's, when admitted) if known.
+    """
+
+    def __init__(self, max_size: int = GameConfig.pool_size, seed: int = 0):
         self.max_size = max_size
         self.items: deque[dict] = deque(maxlen=max_size)
         self.rng = random.Random(seed)
@@ -124,33 +180,44 @@ class QuestionPool:
     def __len__(self) -> int:
         return len(self.items)
 
-    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None) -> None:
-        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher."""
+    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None,
+            solve_rate: float | None = None) -> bool:
+        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher.
+        solve_rate: its solver group's solve rate in the round that admitted it. False: already held."""
         key = normalize_answer(question)
         if any(normalize_answer(it["question"]) == key for it in self.items):
-            return
-        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {})})
+            return False
+        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {}),
+                           **({"solve_rate": float(solve_rate)} if solve_rate is not None else {})})
+        return True
 
     def sample(self, k: int) -> list[dict]:
-        """k questions, distinct while the pool has enough."""
+        """min(k, len) distinct questions, drawn without replacement. Slots the pool cannot fill stay empty:
+        drawing with replacement once let one never-solved question fill 7 of 8 slots in a step."""
         if not self.items or k <= 0:
             return []
-        items = list(self.items)
-        if k <= len(items):
-            return self.rng.sample(items, k)
-        return [self.rng.choice(items) for _ in range(k)]
+        return self.rng.sample(list(self.items), min(k, len(self.items)))
+
+    def clear_admitted(self) -> int:
+        """Remove every question the game admitted; rows seeded from a file (step < 0) stay. Returns how many went."""
+        keep = [it for it in self.items if it.get("step", 0) < 0]
+        removed = len(self.items) - len(keep)
+        self.items = deque(keep, maxlen=self.max_size)
+        return removed
 
     def to_list(self) -> list[dict]:
         return [dict(it) for it in self.items]
 
     @classmethod
-    def from_list(cls, items: Sequence[dict], max_size: int = 1024, seed: int = 0) -> "QuestionPool":
+    def from_list(cls, items: Sequence[dict], max_size: int = GameConfig.pool_size, seed: int = 0) -> "QuestionPool":
         pool = cls(max_size, seed)
         for it in items:
-            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"))
+            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"), it.get("solve_rate"))
         return pool
 
+
 QCP_DOC_CHARS = 1200  # a stored document's contents are cut here (the teacher's token budget cuts again)
+
 
 def qcp_of(t: Trajectory) -> dict:
     """A proposer trajectory's question construction path (QCP): its queries in order and the documents
@@ -160,10 +227,12 @@ def qcp_of(t: Trajectory) -> dict:
             for call in (t.info.get("docs") or [])]
     return {"queries": [str(q) for q in (t.info.get("queries") or [])], "docs": docs}
 
+
 @dataclass
 class GameResult:
     trajectories: list[Trajectory]     # proposer trajectories first, then solver trajectories
     stats: dict[str, float] = field(default_factory=dict)
+
 
 # ---- RAG check -------------------------------------------------------------------------------
 
@@ -176,6 +245,7 @@ RAG_INSTRUCTION = (
     "Documents:\n{docs}Question: {question}\n"
 )
 
+
 def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
     seen, out = set(), []
     for call in docs:
@@ -185,6 +255,7 @@ def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
                 seen.add(key)
                 out.append(d)
     return out
+
 
 def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: GameConfig, rng: random.Random,
                fits: Callable[[str], bool] = lambda s: True) -> str:
@@ -212,6 +283,7 @@ def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: Gam
         else:
             doc_chars //= 2
 
+
 def _rag_answer_text(reply: str | None) -> str | None:
     if reply is None:
         return None
@@ -220,6 +292,7 @@ def _rag_answer_text(reply: str | None) -> str | None:
         lines = [ln.strip() for ln in reply.replace("<answer>", "").splitlines() if ln.strip()]
         ans = lines[0] if lines else ""
     return ans
+
 
 def _searches(t: Trajectory) -> list[tuple[str, list[dict]]]:
     """A trajectory's (query, documents) pairs, in the order it searched."""
@@ -314,6 +387,7 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
         return search_fn.get("proposer"), search_fn.get("solver")
     return search_fn, search_fn
 
+
 def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
             rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
@@ -323,6 +397,7 @@ def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None
         reqs += [RolloutRequest("proposer", f"s{step}-p{i}", ids, answer=row.answer,
                                 meta={"search_turns": row.search_turns, "row": i})] * cfg.proposer_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg)
+
 
 def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
              rng: random.Random, max_info_tokens: int = 512) -> tuple[list[str | None], dict[int, bool | None]]:
@@ -352,6 +427,7 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
             reasons[i] = "rag_failed"
     return reasons, verdict
 
+
 def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: GameConfig,
           rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
     """G_s solver rollouts per question in ONE batched call; question j's group is "s{step}-q{j}".
@@ -367,6 +443,7 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
         reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
                                 meta=meta)] * cfg.solver_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
+
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,
           cfg: GameConfig) -> None:
@@ -391,6 +468,7 @@ def score(props: list[Trajectory], reasons: list[str | None], sols: list[Traject
         else:
             t.reward = cfg.invalid_penalty
 
+
 def play_round(
     engine: Any,
     rows: Sequence[ProposerRow],
@@ -408,8 +486,9 @@ def play_round(
         missing key or None = no search tool for that role).
     judge: grades solver answers (Judge() = exact match only); with rag_verifier="judge" it
         also answers the RAG check, so it then needs a server.
-    pool: past valid questions; read to fill invalid slots (if cfg.pool_fill), then extended
-        with this round's valid questions. None = no pool.
+    pool: past valid questions; read to fill invalid slots (if cfg.pool_fill; distinct questions, as many
+        as it holds), then extended with this round's valid questions whose solve rate lies in
+        [cfg.pool_min_solve_rate, cfg.pool_max_solve_rate] (admit_to_pool). None = no pool.
     step: names the group ids and seeds this round's choices.
     rollout_cfg: one RolloutConfig, or {"proposer": cfg, "solver": cfg} (e.g. self-search for one role).
     qa_questions: fixed QA pairs ({"question", "answer"}) the solver also plays this round
@@ -438,22 +517,42 @@ def play_round(
                   for f in fills]
     questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}
                   for q in qa_questions]
-    if pool is not None:   # after filling, so a round never re-asks its own fresh questions
-        for i in valid:
-            pool.add(props[i].question, props[i].answer, step, qcps[i])
     sols = solve(engine, questions, solver_search, cfg, sol_rcfg, step)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
         t.info["rag"] = verdict.get(i)
     excluded = mark_excluded(props, sols, verdict)
+    # after the fills were drawn, so a round never re-asks its own fresh questions; after scoring, so each
+    # question's solve rate is known
+    admitted = admit_to_pool(pool, props, sols, valid, qcps, cfg, step) if pool is not None else 0
 
     one_search = one_search_answerable([props[i].question for i in valid], [props[i].answer for i in valid],
                                        solver_search, sol_rcfg.topk)
-    stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search)
+    stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
+                   admitted=admitted)
     stats.update(excluded)
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     return GameResult(props + sols, stats)
+
+
+def admit_to_pool(pool: QuestionPool, props: list[Trajectory], sols: list[Trajectory], valid: Sequence[int],
+                  qcps: dict[int, dict], cfg: GameConfig, step: int) -> int:
+    """Add this round's valid questions whose solve rate s (info["solver_acc"], set by score()) the pool
+    admits (cfg.pool_admits); returns how many joined. A question whose solver group was left out of the
+    loss (mark_excluded: its judging or search failed) has no measured s and stays out. Each proposer
+    trajectory records info["pool_admitted"]."""
+    unmeasured = {t.info["meta"]["proposer"] for t in sols
+                  if t.info["meta"].get("proposer") is not None and t.info.get("excluded")}
+    admitted = 0
+    for i in valid:
+        t = props[i]
+        s = t.info["solver_acc"]
+        ok = i not in unmeasured and cfg.pool_admits(s) and pool.add(t.question, t.answer, step, qcps[i], s)
+        t.info["pool_admitted"] = bool(ok)
+        admitted += bool(ok)
+    return admitted
+
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:
     """Set info["excluded"] on every trajectory (a reason from EXCLUSION_REASONS, or None); returns the counts.
@@ -499,176 +598,3 @@ def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict
     for reason in EXCLUSION_REASONS:
         counts[f"game/excluded/{reason}"] = sum(r == reason for r in groups)
     return counts
-
-def _mean(xs: Sequence[float]) -> float:
-    return float(sum(xs) / len(xs)) if xs else 0.0
-
-def answer_is_first_title(t: Trajectory) -> bool:
-    """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
-    is one the "search once, answer Doc 1's title" heuristic (issue 21) may solve without the later searches."""
-    docs = t.info.get("docs") or []
-    title = doc_title(docs[0][0]) if docs and docs[0] else ""
-    return bool(title) and bool(exact_match(title, t.answer))
-
-# ---- what the round shows: counts the trainer sums over ranks, and the shares made from them -------------
-
-NO_QUESTION_WHY = ("turn_cap", "total_cap", "out_of_turns", "eos", "no_action", "empty")
-"""Why a proposer rollout ended without a question: its turn hit --max_tokens_per_turn, the trajectory hit its
-total budget, it still searched in its last turn, it stopped (EOS) or wrote no usable action, or its
-<question></question> was empty."""
-SOURCES = ("fresh", "pool", "qa")
-"""Where a solver question came from: this round's proposer, the pool of earlier valid questions, fixed QA rows."""
-COUNT_KEYS = frozenset({
-    "game/groups", "game/excluded_groups", "game/excluded_trajs", "game/proposer_trajs", "game/questions",
-    "game/pool_fills", "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct",
-    "game/rag_checked", "game/rag_unavailable", "game/valid_questions", "game/valid_doc1_title",
-    "game/valid_answer_in_text", "game/valid_probed", "game/valid_one_search", "game/no_question",
-    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/rounds",
-    "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
-COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
-
-def is_count(key: str) -> bool:
-    """A game stat that is a count, summed over ranks; every other game stat is a per-rank mean."""
-    return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
-
-def no_question_why(t: Trajectory) -> str | None:
-    """NO_QUESTION_WHY's reason a proposer trajectory has no question; None when it wrote one."""
-    if t.stop_reason == "question":
-        return None if (t.question or "").strip() else "empty"
-    if t.stop_reason == "max_tokens":
-        return "total_cap" if t.info.get("cap") == "total" else "turn_cap"
-    return {"max_turns": "out_of_turns", "eos": "eos"}.get(t.stop_reason, "no_action")
-
-def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
-    """Solver groups, and the informative ones among them (rewards not all equal: the only groups a group
-    baseline gives any gradient), in all and per SOURCES. A group left out of the loss (info["excluded"])
-    carries no signal. Call again after anything reshapes the rewards (self-search's format reward)."""
-    groups: dict[str, tuple[str, set, bool]] = {}
-    for t in sols:
-        src, rewards, excl = groups.get(t.group_id, (t.info["meta"].get("source", "fresh"), set(), False))
-        rewards.add(round(float(t.reward), 9))
-        groups[t.group_id] = (src if src != "proposer" else "fresh", rewards, excl or bool(t.info.get("excluded")))
-    out = {"game/solver_groups": 0.0, "game/informative_groups": 0.0}
-    for src in SOURCES:
-        out[f"game/solver_groups/{src}"] = out[f"game/informative_groups/{src}"] = 0.0
-    for src, rewards, excl in groups.values():
-        live = float(len(rewards) > 1 and not excl)
-        out["game/solver_groups"] += 1
-        out["game/informative_groups"] += live
-        out[f"game/solver_groups/{src}"] += 1
-        out[f"game/informative_groups/{src}"] += live
-    return out
-
-def shares(summed: dict[str, float]) -> dict[str, float]:
-    """The shares of a step (or window) read off counts summed over ranks; a share with no denominator is left
-    out (no value, not 0)."""
-    def ratio(key: str, num: str | Sequence[str], den: str) -> None:
-        d = summed.get(den, 0.0)
-        if d:
-            out[key] = sum(summed.get(n, 0.0) for n in ([num] if isinstance(num, str) else num)) / d
-    out: dict[str, float] = {}
-    ratio("game/informative_share", "game/informative_groups", "game/solver_groups")
-    for src in SOURCES:
-        ratio(f"game/informative_share/{src}", f"game/informative_groups/{src}", f"game/solver_groups/{src}")
-    ratio("solver/acc_fresh", "solver/fresh_correct", "solver/fresh_trajs")
-    fresh = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
-    summed = {**summed, "game/fresh_questions": sum(summed.get(k, 0.0) for k in fresh)}
-    for k in fresh:
-        ratio(k + "_share", k, "game/fresh_questions")
-    ratio("game/valid_doc1_title_share", "game/valid_doc1_title", "game/valid_questions")
-    ratio("game/valid_answer_in_text_share", "game/valid_answer_in_text", "game/valid_questions")
-    ratio("game/valid_one_search_share", "game/valid_one_search", "game/valid_probed")
-    ratio("game/no_question_share", "game/no_question", "game/proposer_trajs")
-    ratio("game/pool_served_acc", "game/pool_served_correct", "game/pool_served_trajs")
-    return out
-
-def rollout_record(t: Trajectory) -> dict:
-    """One trajectory as a JSON line for reading what the game plays (--dump_rollouts): the text, the reward and
-    every why the round recorded. Token ids stay out; the documents appear as the titles each search returned."""
-    keys = ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pred", "correct", "spam", "excluded", "cap")
-    return {"role": t.role, "group_id": t.group_id, "source": t.info.get("meta", {}).get("source"),
-            "question": t.question, "answer": t.answer, "reward": t.reward, "stop_reason": t.stop_reason,
-            "no_question": no_question_why(t) if t.role == "proposer" else None,
-            "turns": t.num_turns, "searches": t.num_searches, "sampled_tokens": t.num_sampled,
-            "queries": t.info.get("queries", []),
-            "titles": [[doc_title(d) for d in call] for call in (t.info.get("docs") or [])],
-            "response": t.response_text, **{k: t.info[k] for k in keys if k in t.info}}
-
-def answer_in_text(t: Trajectory) -> bool:
-    """The answer (any alias) sits in the text of a document the proposer retrieved, title line left out: a
-    question about a fact read off a page, not only about the page's name."""
-    return any(contains_answer(str(d.get("contents", "")).partition("\n")[2], t.answer)
-               for call in (t.info.get("docs") or []) for d in call)
-
-def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], search: SearchFn | None,
-                          topk: int) -> list[bool] | None:
-    """Per question: does searching the question itself once return a document (title or text) that holds the
-    answer? True means one search can do; False, that the question needs more than its own words as a query.
-    None when there is no retriever to ask (no search, or a simulated one, which writes its documents)."""
-    if search is None or getattr(search, "wants_context", False) or not questions:
-        return None
-    try:
-        res = search(list(questions), topk)
-    except Exception as e:  # noqa: BLE001 - a metric must never stop the round
-        log.warning("question-kind probe: search failed (%s: %s); game/valid_one_search left out", type(e).__name__, e)
-        return None
-    return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
-
-def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None) -> dict:
-    counts = Counter(r for r in reasons if r is not None)
-    valid = [t for t, r in zip(props, reasons) if r is None]
-    checked = [v for v in verdict.values() if v is not None]
-    fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
-    s = {
-        "game/proposer_trajs": len(props),
-        "game/valid_rate": _mean([float(r is None) for r in reasons]),
-        "game/filter_pass_rate": _mean([float(r in (None, "rag_failed")) for r in reasons]),
-        "game/rag_checked": len(checked),
-        "game/rag_pass_rate": _mean([float(v) for v in checked]),
-        "game/rag_unavailable": sum(v is None for v in verdict.values()),
-        "game/pool_fills": n_fills,
-        # counts (summed over ranks; the trainer logs game/valid_doc1_title_share): valid questions, and those
-        # whose answer is Doc 1's title of the proposer's first search (the title heuristic's kind)
-        "game/valid_questions": len(valid),
-        "game/valid_doc1_title": sum(answer_is_first_title(t) for t in valid),
-        "game/pool_size": len(pool) if pool is not None else 0,
-        "game/questions": len({t.group_id for t in sols}),
-        "proposer/reward_mean": _mean([t.reward for t in props]),
-        "proposer/searches_mean": _mean([t.num_searches for t in props]),
-        "solver/acc": _mean([float(t.info["correct"]) for t in sols]),
-        "solver/reward_mean": _mean([t.reward for t in sols]),
-        "solver/spam_rate": _mean([float(t.info["spam"]) for t in sols]),
-        "solver/turns_mean": _mean([t.num_turns for t in sols]),
-        "solver/searches_mean": _mean([t.num_searches for t in sols]),
-        "solver/judge_failed": sum(bool(t.info["judge_failed"]) for t in sols),
-        # the curriculum: solver accuracy on this round's own (fresh) proposer questions, apart from
-        # pool refills and fixed QA rows; counts, so a ratio over ranks and steps stays exact
-        "solver/fresh_trajs": len(fresh),
-        "solver/fresh_correct": sum(float(t.info["correct"]) for t in fresh),
-    }
-    for reason in FILTER_REASONS + ("rag_failed",):
-        s[f"game/filter/{reason}"] = counts.get(reason, 0)
-    # why no question was written, and what kind of question the valid ones are
-    whys = Counter(no_question_why(t) for t in props)
-    s["game/no_question"] = sum(v for k, v in whys.items() if k is not None)
-    for why in NO_QUESTION_WHY:
-        s[f"game/no_question/{why}"] = whys.get(why, 0)
-    s["game/valid_answer_in_text"] = sum(answer_in_text(t) for t in valid)
-    s["game/valid_probed"] = len(one_search) if one_search is not None else 0
-    s["game/valid_one_search"] = sum(one_search) if one_search is not None else 0
-    # solve rates of the fresh questions: s = 0 (nobody), 0 < s < 1, s = 1 (everybody)
-    by_q: dict[str, list[float]] = {}
-    for t in fresh:
-        by_q.setdefault(t.group_id, []).append(float(t.info["correct"]))
-    rates = [_mean(v) for v in by_q.values()]
-    s["game/fresh_s0"] = sum(r == 0 for r in rates)
-    s["game/fresh_s1"] = sum(r == 1 for r in rates)
-    s["game/fresh_mid"] = len(rates) - s["game/fresh_s0"] - s["game/fresh_s1"]
-    # what the pool served: repeats within the round, and how often its questions were solved
-    keys = [normalize_answer(q) for q in served]
-    s["game/pool_repeats"] = len(keys) - len(set(keys))
-    pooled = [t for t in sols if t.info["meta"]["source"] == "pool"]
-    s["game/pool_served_trajs"] = len(pooled)
-    s["game/pool_served_correct"] = sum(float(t.info["correct"]) for t in pooled)
-    s.update(signal_counts(sols))
-    return s

@@ -114,7 +114,7 @@ def test_run_config_details(tmp_path, capsys):
         del d["rollout"]["max_info_tokens"]
     run = make_run(tmp_path / "a", edit=drop)
     a = parse(run)
-    assert a.max_info_tokens == 384 and a.sources["max_info_tokens"] == "run config.json"   # RolloutArgs default
+    assert a.max_info_tokens == 512 and a.sources["max_info_tokens"] == "run config.json"   # RolloutArgs default
     run = make_run(tmp_path / "b", latest=None)
     with pytest.raises(SystemExit):
         parse(run)

@@ -3,6 +3,10 @@
 Every field becomes `--<field>` with its `help` text; the groups only organise
 `--help`. One `validate_args` refuses bad combinations and says *why*.
 The resolved config is written next to the run's outputs (config.json).
+
+A setting the inference side also has (the game's GameConfig, the rollout's RolloutConfig) takes its
+default from that dataclass field, its one source: eval.py reads the same fields, and
+tests/training/test_shared_defaults.py fails when a default is written twice and drifts.
 """
 
 from __future__ import annotations
@@ -13,6 +17,12 @@ import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
+
+from inference.engines import MAX_MODEL_LEN  # light: these modules import no torch, vLLM or transformers
+from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
+from inference.prompts import TEMPLATES
+from inference.rewards import PROPOSER_REWARD_KINDS
+from inference.rollout import RolloutConfig
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
@@ -40,8 +50,8 @@ class ModelArgs:
     gradient_checkpointing: bool = F(True, "recompute activations in backward: long multi-turn rows fit at ~30% more compute")
     attn_implementation: str = F("auto", "auto = flash_attention_2 on CUDA when installed, else sdpa (packed rows get a block-diagonal mask)",
                                  choices=("auto", "sdpa", "flash_attention_2", "eager"))
-    template: str = F("auto", "chat template for both roles: the tokenizer's own, or a named one",
-                      choices=("auto", "r_search", "llama3.1", "qwen3"))  # inference.prompts.TEMPLATES
+    template: str = F(GameConfig.template, "chat template for both roles: the tokenizer's own (auto), or a named one",
+                      choices=TEMPLATES)
     train_top_layers: int = F(0, "train only the last N decoder layers and the final norm (embeddings and a tied "
                                  "lm_head stay frozen; frozen layers are never re-sent to vLLM); 0 = train every weight")
 
@@ -55,15 +65,20 @@ class RolloutArgs:
     gpu_memory_utilization: float = F(0.35, "GPU: fraction of GPU memory vLLM may use (the actor lives beside it)")
     kv_cache_mb: int = F(0, "CPU: vLLM KV-cache size in MiB; 0 = room for 4 sequences of max_model_len "
                             "(on CPU gpu_memory_utilization would be read as a fraction of RAM)")
-    max_model_len: int = F(4096, "vLLM context length; also the hard cap on a trajectory's total tokens")
-    temperature: float = F(1.0, "sampling temperature for rollouts (log-probs in training use the same temperature)")
-    top_p: float = F(1.0, "nucleus sampling for rollouts; keep 1.0 so rollout and train log-probs refer to one distribution")
+    max_model_len: int = F(MAX_MODEL_LEN, "vLLM context length; also the hard cap on a trajectory's total tokens")
+    temperature: float = F(RolloutConfig.temperature, "sampling temperature for rollouts (log-probs in training use "
+                                                      "the same temperature)")
+    top_p: float = F(RolloutConfig.top_p, "nucleus sampling for rollouts; keep 1.0 so rollout and train log-probs "
+                                          "refer to one distribution")
     sync_bucket_mb: int = F(1024, "weight sync: MiB of gathered ZeRO-3 weights per vLLM reload call (whole decoder "
                                   "layers; 0 = one layer per call, the least memory)")
-    max_turns: int = F(4, "max assistant turns per trajectory (each search adds one)")
-    max_tokens_per_turn: int = F(512, "max new tokens per assistant turn")
-    max_total_tokens: int = F(4096, "max tokens of a whole trajectory, prompt and <information> included")
-    max_info_tokens: int = F(384, "token budget of one <information> block (retrieved docs are cut to it)")
+    max_turns: int = F(RolloutConfig.max_turns, "max assistant turns per trajectory (each search adds one)")
+    max_tokens_per_turn: int = F(RolloutConfig.max_tokens_per_turn, "max new tokens per assistant turn")
+    max_total_tokens: int = F(RolloutConfig.max_total_tokens, "max tokens of a whole trajectory, prompt and "
+                                                              "<information> included")
+    max_info_tokens: int = F(RolloutConfig.max_info_tokens, "token budget of one <information> block, tags included "
+                                                            "(retrieved docs are cut to it; Search-R1's max_obs_length "
+                                                            "is 500)")
 
 
 @dataclass
@@ -73,7 +88,7 @@ class SearchArgs:
     index: str = F("data/indexes/bm25", "in-process index folder (small corpora); ignored when --retriever_url is set. "
                                         "The default is the CPU demo's BM25 index of data/corpus (see --allow_demo_defaults)")
     retriever_url: str = F("", "URL of a retrieval server (POST /retrieve, Search-R1 API), e.g. http://127.0.0.1:8000; one per node")
-    topk: int = F(3, "documents per search call")
+    topk: int = F(RolloutConfig.topk, "documents per search call")
     sim_url: str = F("", "simulated search (ZeroSearch): OpenAI-compatible server of the simulator LLM; "
                          "empty = the policy's own in-process vLLM engine writes the documents")
     sim_model: str = F("", "simulator model name on --sim_url (default: the server's first model)")
@@ -110,23 +125,41 @@ class SelfPlayArgs:
                                  "vllm_tp groups) plays B / (world / vllm_tp) of them, so an explicit B must be a "
                                  "multiple of world / vllm_tp. 0 = auto: 4 per data-parallel group (4 in a world of "
                                  "one, 32 on 8 GPUs at --vllm_tp 1), resolved at start-up and written to config.json")
-    proposer_n: int = F(1, "G_p: proposer samples per prompt")
-    solver_n: int = F(4, "G_s: solver samples per valid question (one group, kept on one rank)")
-    proposer_reward: str = F("auto", "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
-                                     "4s(1-s) (peaks at 50%, 0 for a question nobody answers). auto = 1-acc when a RAG "
-                                     "check (--rag_verify judge|policy) rejects unanswerable questions, else 4s(1-s): "
-                                     "without the check 1-acc pays most for a question that is wrong",
-                             choices=("auto", "1-acc", "4s(1-s)"))
-    format_penalty: float = F(-1.0, "proposer reward for an invalid question; below every valid reward (>= 0)")
-    rag_verify: str = F("off", "RAG check of each question: answered from its own docs + distractors by the judge, the policy, or skipped",
-                        choices=("judge", "policy", "off"))
-    rag_distractors: int = F(2, "k: distractor document sets shuffled into the RAG check")
-    min_searches: int = F(2, "questions from proposer trajectories with fewer distinct searches are invalid")
-    min_question_words: int = F(10, "questions with fewer whitespace-separated words are invalid (SSP's floor: 10). "
-                                    "A small solver's one-hop reading questions are shorter (\"What is the capital "
-                                    "of Abkhazia?\": 6 words); the CPU ladder and demo pass 4")
-    use_pool: bool = F(True, "refill failed question slots from a pool of earlier valid questions")
-    pool_size: int = F(256, "max questions kept in the pool (checkpointed)")
+    proposer_n: int = F(GameConfig.proposer_samples, "G_p: proposer samples per prompt")
+    solver_n: int = F(GameConfig.solver_samples, "G_s: solver samples per valid question (one group, kept on one "
+                                                 "rank); SSP's n is 5")
+    proposer_reward: str = F(GameConfig.proposer_reward,
+                             "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
+                             "4s(1-s) (peaks at 50%, 0 for a question nobody answers). auto = 1-acc when a RAG "
+                             "check (--rag_verify judge|policy) rejects unanswerable questions, else 4s(1-s): "
+                             "without the check 1-acc pays most for a question that is wrong",
+                             choices=("auto", *PROPOSER_REWARD_KINDS))
+    format_penalty: float = F(GameConfig.invalid_penalty, "proposer reward for an invalid question; below every "
+                                                          "valid reward (>= 0)")
+    rag_verify: str = F(GameConfig.rag_verifier, "RAG check of each question: answered from its own docs + "
+                                                 "distractors by the judge (SSP's; needs --judge llm), the policy, or "
+                                                 "skipped", choices=RAG_VERIFIERS)
+    rag_distractors: int = F(GameConfig.rag_distractors, "k: distractor document sets shuffled into the RAG check "
+                                                         "(dropped first when the documents are over budget)")
+    min_searches: int = F(GameConfig.min_searches, "questions from proposer trajectories with fewer distinct "
+                                                   "searches are invalid")
+    min_question_words: int = F(GameConfig.min_question_words, "questions with fewer whitespace-separated words are "
+                                                               "invalid (SSP's floor: 10). A small solver's one-hop "
+                                                               "reading questions are shorter (\"What is the capital of "
+                                                               "Abkhazia?\": 6 words); the CPU ladder and demo pass 4")
+    use_pool: bool = F(GameConfig.pool_fill, "refill failed question slots from a pool of earlier valid questions "
+                                             "(distinct ones: a slot the pool cannot fill stays empty)")
+    pool_size: int = F(GameConfig.pool_size, "max questions kept in the pool, the oldest dropped first (checkpointed)")
+    pool_min_solve_rate: float = F(GameConfig.pool_min_solve_rate, "a valid question joins the pool only when its "
+                                                                   "solver group's solve rate is at least this; > 0 "
+                                                                   "keeps never-solved questions out")
+    pool_max_solve_rate: float = F(GameConfig.pool_max_solve_rate, "a valid question joins the pool only when its "
+                                                                   "solver group's solve rate is at most this (SSP's "
+                                                                   "reuse_success_rate_threshold; its train_ssp.sh "
+                                                                   "uses 1.0: every valid question)")
+    pool_clear_every: int = F(GameConfig.pool_clear_every, "every N steps the pool drops the questions the game "
+                                                           "admitted, keeping --pool_init's rows (SSP's "
+                                                           "pool_clear_interval); 0 = never")
     pool_init: str = F("", "QA rows (question, golden_answers) that seed the pool, so the solver trains while the "
                            "proposer cannot yet write valid questions (cold start)")
     judge: str = F("em", "answer judge: em (no server) or llm (OpenAI-compatible server at --judge_url)", choices=("em", "llm"))
@@ -365,8 +398,7 @@ def resolve_defaults(cfg: Config, world_size: int | None = None) -> Config:
     """Turn "auto" choices into what they stand for, so config.json records what actually ran.
     --prompts_per_step 0 (auto) needs the world size; without one it stays 0."""
     sp = cfg.selfplay
-    if sp.proposer_reward == "auto":
-        sp.proposer_reward = "1-acc" if sp.rag_verify != "off" else "4s(1-s)"
+    sp.proposer_reward = resolve_proposer_reward(sp.proposer_reward, sp.rag_verify)
     if sp.prompts_per_step == 0 and world_size:
         sp.prompts_per_step = AUTO_PROMPTS_PER_GROUP * max(1, world_size // max(1, cfg.rollout.vllm_tp))
     return cfg
@@ -516,6 +548,12 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
         errs.append(f"--qa_data {sp.qa_data} does not exist")
     if sp.pool_init and not Path(sp.pool_init).exists():
         errs.append(f"--pool_init {sp.pool_init} does not exist")
+    if not 0.0 <= sp.pool_min_solve_rate <= sp.pool_max_solve_rate <= 1.0:
+        errs.append(f"--pool_min_solve_rate {sp.pool_min_solve_rate} and --pool_max_solve_rate {sp.pool_max_solve_rate} "
+                    f"are solve rates: they must satisfy 0 <= min <= max <= 1")
+    if sp.pool_clear_every < 0 or sp.pool_size < 1:
+        errs.append(f"--pool_clear_every must be >= 0 (0 = never) and --pool_size >= 1 (got {sp.pool_clear_every}, "
+                    f"{sp.pool_size})")
     if sp.pool_init and not sp.use_pool:
         errs.append("--pool_init seeds the question pool, which --use_pool false switches off")
     if sp.self_play_enable and not Path(sp.train_data).exists():

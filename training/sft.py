@@ -37,6 +37,7 @@ prepare_launch_env()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from inference.rollout import RolloutConfig  # noqa: E402  (light: no torch)
 from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs,  # noqa: E402
                              model_path_errors, report_to_errors)
 
@@ -48,8 +49,8 @@ class SFTArgs:
     batch_size: int = F(32, "demonstrations per optimizer step, global across ranks (a multiple of the world size)")
     max_demos: int = F(0, "use only the first N demonstrations after the seeded shuffle (0 = all)")
     roles: str = F("proposer,solver", "comma-separated roles whose demonstrations are trained on")
-    max_info_tokens: int = F(384, "token budget of one <information> block; keep it equal to train.py's, so SFT "
-                                  "sequences look like rollouts")
+    max_info_tokens: int = F(RolloutConfig.max_info_tokens, "token budget of one <information> block; keep it equal "
+                                                            "to train.py's, so SFT sequences look like rollouts")
     save_every: int = F(0, "optimizer steps between resumable checkpoints (0 = only at the end)")
     resume: str = F("auto", "auto = the latest checkpoint in output_dir if any; none; or a checkpoint folder")
 
@@ -96,7 +97,7 @@ def validate_sft(cfg: Config, sft: SFTArgs, world_size: int | None = None) -> No
 
 # ----------------------------------------------------------------------------- rendering
 
-def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: int = 384):
+def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: int = RolloutConfig.max_info_tokens):
     """Token ids and loss mask of one demonstration, built exactly as a rollout builds them:
     the role's prompt (mask 0), each model turn's tokens (mask 1), each information block
     through the rollout loop's own `_info_tokens` (mask 0, documents cut to max_info_tokens)."""

@@ -153,7 +153,7 @@ class SSPTrainer:
         from inference.data import clamp_search_turns, load_proposer_rows
         from inference.engines import VLLMEngine
         from inference.hf_engine import HFEngine
-        from inference.game import GameConfig, QuestionPool
+        from inference.game import SEED_STEP, GameConfig, QuestionPool
         from inference.judge import Judge
         from training.engine_builder import build_engines
         from training.hybrid import HybridEngine
@@ -194,14 +194,17 @@ class SSPTrainer:
                       if sp.judge == "llm" else Judge())
         self.game_cfg = GameConfig(
             proposer_samples=sp.proposer_n, solver_samples=sp.solver_n, template=cfg.model.template,
-            min_searches=sp.min_searches, min_question_words=sp.min_question_words, rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
-            pool_fill=sp.use_pool, pool_size=sp.pool_size, proposer_reward=sp.proposer_reward,
-            invalid_penalty=sp.format_penalty, seed=cfg.optimisation.seed + 7919 * self.dp_rank)
+            min_searches=sp.min_searches, min_question_words=sp.min_question_words,
+            rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
+            pool_fill=sp.use_pool, pool_size=sp.pool_size, pool_min_solve_rate=sp.pool_min_solve_rate,
+            pool_max_solve_rate=sp.pool_max_solve_rate, pool_clear_every=sp.pool_clear_every,
+            proposer_reward=sp.proposer_reward, invalid_penalty=sp.format_penalty,
+            seed=cfg.optimisation.seed + 7919 * self.dp_rank)
         self.pool = QuestionPool(sp.pool_size, seed=cfg.optimisation.seed + self.dp_rank)
         if sp.pool_init:
             from inference.data import load_eval_rows
             for r in load_eval_rows(sp.pool_init):
-                self.pool.add(r.question, r.golden_answers, step=-1)
+                self.pool.add(r.question, r.golden_answers, step=SEED_STEP)  # the user's rows: clearing keeps them
         self.rows = load_proposer_rows(sp.train_data) if sp.self_play_enable else []
         moved = clamp_search_turns(self.rows, sp.min_searches, cfg.rollout.max_turns - 1)
         if moved:
@@ -317,7 +320,7 @@ class SSPTrainer:
         times[f"timing_s/{key}"] = times.get(f"timing_s/{key}", 0.0) + time.perf_counter() - t0
 
     def train_step(self) -> dict:
-        from inference.game import play_round, shares, signal_counts
+        from inference.game import play_round, pool_clear_due, shares, signal_counts
         from inference.rollout import RolloutConfig
 
         cfg, times = self.cfg, {}
@@ -339,9 +342,12 @@ class SSPTrainer:
             sim_before = dict(self.simulated.stats)
         rows, qa = self.next_batch()
         search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
+        # --pool_clear_every: a function of the step and the checkpointed pool, so ranks and a resumed run agree
+        cleared = self.pool.clear_admitted() if pool_clear_due(self.step, self.game_cfg.pool_clear_every) else 0
         with self._timer(times, "generate"):
             game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, rollout_cfg,
                               pool=self.pool, step=self.step, qa_questions=qa)
+        game.stats["game/pool_cleared"] = cleared  # a count (inference.game.COUNT_KEYS): summed over ranks
         if cfg.search.self_search_format_reward:
             self._shape_self_search_rewards(game.trajectories, self.game_cfg.spam_divisor)
             game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))

@@ -51,14 +51,16 @@ STAT_KEYS = {
     # issue 31: the game's signal, solve rates, stops without a question, question kinds, the pool
     "game/no_question", *(f"game/no_question/{w}" for w in NO_QUESTION_WHY), "game/valid_answer_in_text",
     "game/valid_probed", "game/valid_one_search", "game/fresh_s0", "game/fresh_mid", "game/fresh_s1",
-    "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct", "game/solver_groups",
+    "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct", "game/pool_admitted",
+    "game/solver_groups",
     "game/informative_groups", *(f"game/{k}/{src}" for k in ("solver_groups", "informative_groups") for src in SOURCES),
 }
 SEED_POOL = [
     {"question": "What is the capital of Algeria?", "answer": ["Algiers"]},
     {"question": "What is the capital of Angola?", "answer": "Luanda"},
     {"question": "What is the capital of Benin?", "answer": ["Porto-Novo", "Porto Novo"]},
-]
+    {"question": "What is the capital of Botswana?", "answer": "Gaborone"},
+]  # as many as the full round's proposer slots: a draw is without replacement
 FAST = RolloutConfig(max_turns=2, max_tokens_per_turn=32, max_total_tokens=1024, max_info_tokens=128, topk=2, seed=1)
 
 
@@ -172,7 +174,7 @@ def handmade(bm25):
 
 def test_validate_and_score_valid_path(handmade):
     props = handmade
-    cfg = GameConfig(rag_verifier="off", solver_samples=4)
+    cfg = GameConfig(rag_verifier="off", solver_samples=4, proposer_reward="1-acc")
     reasons, verdict = validate(props, None, Judge(), cfg, random.Random(0))
     assert reasons == [None, "answer_in_question", "no_question", None]
     assert verdict == {0: True, 3: True}
@@ -295,7 +297,7 @@ def test_pool_bounded_dedup_serialisable():
     assert len(pool) == 3 and [it["step"] for it in pool.to_list()] == [2, 3, 4]
     got = pool.sample(3)
     assert len({g["question"] for g in got}) == 3
-    assert len(pool.sample(7)) == 7 and pool.sample(0) == []
+    assert pool.sample(0) == []             # more than it holds: tests/inference/test_pool.py
     back = QuestionPool.from_list(pool.to_list(), max_size=3)
     assert back.to_list() == pool.to_list()
     assert QuestionPool(2).sample(4) == []
@@ -509,3 +511,37 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     assert next(t for t in res2.trajectories if t.role == "proposer").info["filter_reason"] == "answer_in_question"
     filled = [t for t in res2.trajectories if t.role == "solver"]
     assert filled and all(t.info["meta"]["source"] == "pool" and t.info["meta"]["qcp"] == qcp for t in filled)
+
+
+@pytest.mark.timeout(120)
+def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
+    """Issue 31 §2: a fresh valid question joins the pool after its solver group played, when its solve rate s
+    lies in [pool_min_solve_rate, pool_max_solve_rate]; the same round's invalid slot is never filled with it."""
+    from inference.game import qcp_of
+
+    q = "Which president was shot at Ford's Theatre in 1865 in Washington?"
+    rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow(["Ford's Theatre"], 2)]  # 2nd: answer leaks
+
+    def play(answer, **window):
+        pool = QuestionPool(8, seed=0)
+        cfg = GameConfig(proposer_samples=1, solver_samples=2, rag_verifier="off", **window)
+        res = play_round(Scripted(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+                         pool=pool, step=3)
+        props = [t for t in res.trajectories if t.role == "proposer"]
+        assert [t.info["valid"] for t in props] == [True, False]
+        # the pool was empty when the round drew its fills: the invalid slot stays empty, nothing is re-asked
+        assert res.stats["game/pool_fills"] == 0
+        assert all(t.info["meta"]["source"] == "proposer" for t in res.trajectories if t.role == "solver")
+        assert res.stats["game/pool_admitted"] == len(pool) == res.stats["game/pool_size"]
+        return props[0], pool
+
+    prop, pool = play("Abraham Lincoln")                                   # every solver right: s = 1
+    assert prop.info["solver_acc"] == 1.0 and prop.info["pool_admitted"]
+    assert pool.to_list() == [{"question": q, "answer": ["Abraham Lincoln", "Lincoln"], "step": 3, "qcp": qcp_of(prop),
+                               "solve_rate": 1.0}]
+    prop, pool = play("Abraham Lincoln", pool_max_solve_rate=0.5)         # s = 1 > max: stays out
+    assert not prop.info["pool_admitted"] and len(pool) == 0
+    prop, pool = play("Grant")                                             # every solver wrong: s = 0
+    assert prop.info["solver_acc"] == 0.0 and [it["solve_rate"] for it in pool.to_list()] == [0.0]
+    prop, pool = play("Grant", pool_min_solve_rate=0.5)                    # s = 0 < min: stays out
+    assert not prop.info["pool_admitted"] and len(pool) == 0

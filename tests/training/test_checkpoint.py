@@ -62,7 +62,7 @@ def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
     with pytest.raises(ConfigError) as e:
         C.claim_output_dir(out, _cfg(optimisation__lr=2e-5, selfplay__solver_n=8))
     msg = str(e.value)
-    assert "optimisation.lr: 1e-06" in msg and "-> 2e-05" in msg and "selfplay.solver_n: 4" in msg and "-> 8" in msg
+    assert "optimisation.lr: 1e-06" in msg and "-> 2e-05" in msg and "selfplay.solver_n: 5" in msg and "-> 8" in msg
     assert "--overwrite true" in msg and "pick another --output_dir" in msg
     assert "total_steps" not in msg.split("Fields that may change")[0]
     assert json.loads((out / "config.json").read_text())["optimisation"]["lr"] == 1e-6  # untouched

@@ -20,7 +20,7 @@ def _ok_paths(tmp_path) -> list[str]:
 def test_defaults_parse_with_existing_paths(tmp_path):
     cfg = parse_config(_ok_paths(tmp_path))
     assert isinstance(cfg, Config)
-    assert cfg.selfplay.solver_n == 4 and cfg.algorithm.solver_estimator == "grpo"
+    assert cfg.selfplay.solver_n == 5 and cfg.algorithm.solver_estimator == "grpo"
 
 
 @pytest.mark.parametrize("extra, needle", [
@@ -48,6 +48,9 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--min_searches", "3", "--max_turns", "3"], "--min_searches 3 needs --max_turns >= 4"),
     (["--ppo_epochs", "0"], "--ppo_epochs and --ppo_mini_batches must be >= 1"),
     (["--pool_init", "/nonexistent.jsonl"], "--pool_init /nonexistent.jsonl does not exist"),
+    (["--pool_min_solve_rate", "0.6", "--pool_max_solve_rate", "0.5"], "they must satisfy 0 <= min <= max <= 1"),
+    (["--pool_max_solve_rate", "1.5"], "they must satisfy 0 <= min <= max <= 1"),
+    (["--pool_clear_every", "-1"], "--pool_clear_every must be >= 0 (0 = never)"),
     (["--distill", "sampled", "--distill_coef", "0.1", "--distill_coef_floor", "0.2"], "must satisfy 0 <= floor <= coef"),
     (["--distill", "sampled", "--solver_enable", "false"], "it needs --solver_enable true"),
     (["--distill", "sampled", "--distill_context_tokens", "0"], "--distill_context_tokens must be >= 1"),
@@ -299,6 +302,9 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
         assert proposer_reward([0.0] * 4, want) == 0.0 < proposer_reward([1.0, 0.0, 0.0, 1.0], want)
     # an explicit choice is kept (SSP's "without RAG verification" ablation stays possible)
     assert parse_config(paths + ["--rag_verify", rag, "--proposer_reward", "1-acc"]).selfplay.proposer_reward == "1-acc"
+    from inference.game import GameConfig   # the game's own default is "auto" too, resolved by the same rule
+    assert GameConfig(rag_verifier=rag).proposer_reward == want
+    assert GameConfig(rag_verifier=rag, proposer_reward="1-acc").proposer_reward == "1-acc"
 
 
 def test_search_counts_are_clamped_into_what_the_game_accepts():

@@ -4,6 +4,7 @@ One slow test drives three launches that share set-up:
   A  torchrun, 3 uninterrupted SSP steps (both roles, checkpoints every step);
   B1 the deepspeed launcher with a localhost hostfile, the same run killed in the middle of step 3;
   B2 torchrun again with --resume auto, which must finish step 3 with A's exact metrics.
+The pool is cleared at the start of step 3 (--pool_clear_every 2), in A and again in the resumed B2.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _args(w: Path, model: Path, out: Path) -> list[str]:
             "--prompts_per_step", "2", "--solver_n", "2", "--total_steps", "3", "--max_turns", "2", "--min_searches", "1",
             "--max_tokens_per_turn", "24", "--max_total_tokens", "768", "--max_model_len", "1024",
             "--micro_token_budget", "1024", "--lr", "1e-3", "--entropy_coef", "0.01", "--save_every", "1",
-            "--max_ckpts", "5", "--sample_every", "1", "--output_dir", str(out)]
+            "--max_ckpts", "5", "--sample_every", "1", "--pool_clear_every", "2", "--output_dir", str(out)]
 
 
 def _torchrun(args, log: Path, **env) -> int:
@@ -101,6 +102,8 @@ def test_two_ranks_train_checkpoint_crash_and_resume_exactly(workdir, tiny_model
         # fp32, right after a sync: vLLM's sampled-token log-probs equal the actor's
         assert m["actor/rollout_lp_gap"] < 1e-4, m["actor/rollout_lp_gap"]
         assert m["sync/seconds"] > 0
+    # the clear at step 3 (index 2) took what the game admitted and kept the 8 --pool_init rows on each rank
+    assert "game/pool_cleared" in ma[3] and ma[3]["game/pool_size"] >= 8, ma[3]
     (config,) = [json.loads((a / "config.json").read_text())]
     assert config["selfplay"]["solver_n"] == 2
     assert (a / "samples").is_dir() and any((a / "tensorboard").iterdir())

@@ -1,0 +1,206 @@
+"""What a round shows (issue 31): the counts the trainer sums over ranks, and the shares made from them.
+
+play_round (inference/game.py) calls `_stats` on its trajectories; the trainer sums every count (`is_count`) over
+ranks and then makes the shares (`shares`) from the global counts, so a share over ranks and steps stays exact.
+Also here: why a proposer wrote no question, which solver groups carry signal, what kind the valid questions are,
+and one trajectory as a JSON line for --dump_rollouts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any, Sequence
+
+from inference.filters import FILTER_REASONS
+from inference.prompts import doc_title
+from inference.rollout import SearchFn
+from inference.trajectory import Trajectory
+from utils.text import contains_answer, exact_match, normalize_answer
+
+log = logging.getLogger(__name__)
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(sum(xs) / len(xs)) if xs else 0.0
+
+
+def answer_is_first_title(t: Trajectory) -> bool:
+    """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
+    is one the "search once, answer Doc 1's title" heuristic (issue 21) may solve without the later searches."""
+    docs = t.info.get("docs") or []
+    title = doc_title(docs[0][0]) if docs and docs[0] else ""
+    return bool(title) and bool(exact_match(title, t.answer))
+
+
+NO_QUESTION_WHY = ("turn_cap", "total_cap", "out_of_turns", "eos", "no_action", "empty")
+"""Why a proposer rollout ended without a question: its turn hit --max_tokens_per_turn, the trajectory hit its
+total budget, it still searched in its last turn, it stopped (EOS) or wrote no usable action, or its
+<question></question> was empty."""
+SOURCES = ("fresh", "pool", "qa")
+"""Where a solver question came from: this round's proposer, the pool of earlier valid questions, fixed QA rows."""
+COUNT_KEYS = frozenset({
+    "game/groups", "game/excluded_groups", "game/excluded_trajs", "game/proposer_trajs", "game/questions",
+    "game/pool_fills", "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct",
+    "game/pool_admitted", "game/pool_cleared",
+    "game/rag_checked", "game/rag_unavailable", "game/valid_questions", "game/valid_doc1_title",
+    "game/valid_answer_in_text", "game/valid_probed", "game/valid_one_search", "game/no_question",
+    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/rounds",
+    "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
+COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
+
+
+def is_count(key: str) -> bool:
+    """A game stat that is a count, summed over ranks; every other game stat is a per-rank mean."""
+    return key in COUNT_KEYS or key.startswith(COUNT_PREFIXES)
+
+
+def no_question_why(t: Trajectory) -> str | None:
+    """NO_QUESTION_WHY's reason a proposer trajectory has no question; None when it wrote one."""
+    if t.stop_reason == "question":
+        return None if (t.question or "").strip() else "empty"
+    if t.stop_reason == "max_tokens":
+        return "total_cap" if t.info.get("cap") == "total" else "turn_cap"
+    return {"max_turns": "out_of_turns", "eos": "eos"}.get(t.stop_reason, "no_action")
+
+
+def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
+    """Solver groups, and the informative ones among them (rewards not all equal: the only groups a group
+    baseline gives any gradient), in all and per SOURCES. A group left out of the loss (info["excluded"])
+    carries no signal. Call again after anything reshapes the rewards (self-search's format reward)."""
+    groups: dict[str, tuple[str, set, bool]] = {}
+    for t in sols:
+        src, rewards, excl = groups.get(t.group_id, (t.info["meta"].get("source", "fresh"), set(), False))
+        rewards.add(round(float(t.reward), 9))
+        groups[t.group_id] = (src if src != "proposer" else "fresh", rewards, excl or bool(t.info.get("excluded")))
+    out = {"game/solver_groups": 0.0, "game/informative_groups": 0.0}
+    for src in SOURCES:
+        out[f"game/solver_groups/{src}"] = out[f"game/informative_groups/{src}"] = 0.0
+    for src, rewards, excl in groups.values():
+        live = float(len(rewards) > 1 and not excl)
+        out["game/solver_groups"] += 1
+        out["game/informative_groups"] += live
+        out[f"game/solver_groups/{src}"] += 1
+        out[f"game/informative_groups/{src}"] += live
+    return out
+
+
+def shares(summed: dict[str, float]) -> dict[str, float]:
+    """The shares of a step (or window) read off counts summed over ranks; a share with no denominator is left
+    out (no value, not 0)."""
+    def ratio(key: str, num: str | Sequence[str], den: str) -> None:
+        d = summed.get(den, 0.0)
+        if d:
+            out[key] = sum(summed.get(n, 0.0) for n in ([num] if isinstance(num, str) else num)) / d
+    out: dict[str, float] = {}
+    ratio("game/informative_share", "game/informative_groups", "game/solver_groups")
+    for src in SOURCES:
+        ratio(f"game/informative_share/{src}", f"game/informative_groups/{src}", f"game/solver_groups/{src}")
+    ratio("solver/acc_fresh", "solver/fresh_correct", "solver/fresh_trajs")
+    fresh = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
+    summed = {**summed, "game/fresh_questions": sum(summed.get(k, 0.0) for k in fresh)}
+    for k in fresh:
+        ratio(k + "_share", k, "game/fresh_questions")
+    ratio("game/valid_doc1_title_share", "game/valid_doc1_title", "game/valid_questions")
+    ratio("game/valid_answer_in_text_share", "game/valid_answer_in_text", "game/valid_questions")
+    ratio("game/valid_one_search_share", "game/valid_one_search", "game/valid_probed")
+    ratio("game/no_question_share", "game/no_question", "game/proposer_trajs")
+    ratio("game/pool_served_acc", "game/pool_served_correct", "game/pool_served_trajs")
+    return out
+
+
+def rollout_record(t: Trajectory) -> dict:
+    """One trajectory as a JSON line for reading what the game plays (--dump_rollouts): the text, the reward and
+    every why the round recorded. Token ids stay out; the documents appear as the titles each search returned."""
+    keys = ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pool_admitted", "pred", "correct", "spam",
+            "excluded", "cap")
+    return {"role": t.role, "group_id": t.group_id, "source": t.info.get("meta", {}).get("source"),
+            "question": t.question, "answer": t.answer, "reward": t.reward, "stop_reason": t.stop_reason,
+            "no_question": no_question_why(t) if t.role == "proposer" else None,
+            "turns": t.num_turns, "searches": t.num_searches, "sampled_tokens": t.num_sampled,
+            "queries": t.info.get("queries", []),
+            "titles": [[doc_title(d) for d in call] for call in (t.info.get("docs") or [])],
+            "response": t.response_text, **{k: t.info[k] for k in keys if k in t.info}}
+
+
+def answer_in_text(t: Trajectory) -> bool:
+    """The answer (any alias) sits in the text of a document the proposer retrieved, title line left out: a
+    question about a fact read off a page, not only about the page's name."""
+    return any(contains_answer(str(d.get("contents", "")).partition("\n")[2], t.answer)
+               for call in (t.info.get("docs") or []) for d in call)
+
+
+def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], search: SearchFn | None,
+                          topk: int) -> list[bool] | None:
+    """Per question: does searching the question itself once return a document (title or text) that holds the
+    answer? True means one search can do; False, that the question needs more than its own words as a query.
+    None when there is no retriever to ask (no search, or a simulated one, which writes its documents)."""
+    if search is None or getattr(search, "wants_context", False) or not questions:
+        return None
+    try:
+        res = search(list(questions), topk)
+    except Exception as e:  # noqa: BLE001 - a metric must never stop the round
+        log.warning("question-kind probe: search failed (%s: %s); game/valid_one_search left out", type(e).__name__, e)
+        return None
+    return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
+
+
+def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0) -> dict:
+    counts = Counter(r for r in reasons if r is not None)
+    valid = [t for t, r in zip(props, reasons) if r is None]
+    checked = [v for v in verdict.values() if v is not None]
+    fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
+    s = {
+        "game/proposer_trajs": len(props),
+        "game/valid_rate": _mean([float(r is None) for r in reasons]),
+        "game/filter_pass_rate": _mean([float(r in (None, "rag_failed")) for r in reasons]),
+        "game/rag_checked": len(checked),
+        "game/rag_pass_rate": _mean([float(v) for v in checked]),
+        "game/rag_unavailable": sum(v is None for v in verdict.values()),
+        "game/pool_fills": n_fills,
+        # counts (summed over ranks; the trainer logs game/valid_doc1_title_share): valid questions, and those
+        # whose answer is Doc 1's title of the proposer's first search (the title heuristic's kind)
+        "game/valid_questions": len(valid),
+        "game/valid_doc1_title": sum(answer_is_first_title(t) for t in valid),
+        "game/pool_size": len(pool) if pool is not None else 0,
+        "game/questions": len({t.group_id for t in sols}),
+        "proposer/reward_mean": _mean([t.reward for t in props]),
+        "proposer/searches_mean": _mean([t.num_searches for t in props]),
+        "solver/acc": _mean([float(t.info["correct"]) for t in sols]),
+        "solver/reward_mean": _mean([t.reward for t in sols]),
+        "solver/spam_rate": _mean([float(t.info["spam"]) for t in sols]),
+        "solver/turns_mean": _mean([t.num_turns for t in sols]),
+        "solver/searches_mean": _mean([t.num_searches for t in sols]),
+        "solver/judge_failed": sum(bool(t.info["judge_failed"]) for t in sols),
+        # the curriculum: solver accuracy on this round's own (fresh) proposer questions, apart from
+        # pool refills and fixed QA rows; counts, so a ratio over ranks and steps stays exact
+        "solver/fresh_trajs": len(fresh),
+        "solver/fresh_correct": sum(float(t.info["correct"]) for t in fresh),
+    }
+    for reason in FILTER_REASONS + ("rag_failed",):
+        s[f"game/filter/{reason}"] = counts.get(reason, 0)
+    # why no question was written, and what kind of question the valid ones are
+    whys = Counter(no_question_why(t) for t in props)
+    s["game/no_question"] = sum(v for k, v in whys.items() if k is not None)
+    for why in NO_QUESTION_WHY:
+        s[f"game/no_question/{why}"] = whys.get(why, 0)
+    s["game/valid_answer_in_text"] = sum(answer_in_text(t) for t in valid)
+    s["game/valid_probed"] = len(one_search) if one_search is not None else 0
+    s["game/valid_one_search"] = sum(one_search) if one_search is not None else 0
+    # solve rates of the fresh questions: s = 0 (nobody), 0 < s < 1, s = 1 (everybody)
+    by_q: dict[str, list[float]] = {}
+    for t in fresh:
+        by_q.setdefault(t.group_id, []).append(float(t.info["correct"]))
+    rates = [_mean(v) for v in by_q.values()]
+    s["game/fresh_s0"] = sum(r == 0 for r in rates)
+    s["game/fresh_s1"] = sum(r == 1 for r in rates)
+    s["game/fresh_mid"] = len(rates) - s["game/fresh_s0"] - s["game/fresh_s1"]
+    # what the pool served: repeats within the round, and how often its questions were solved
+    keys = [normalize_answer(q) for q in served]
+    s["game/pool_repeats"] = len(keys) - len(set(keys))
+    pooled = [t for t in sols if t.info["meta"]["source"] == "pool"]
+    s["game/pool_served_trajs"] = len(pooled)
+    s["game/pool_served_correct"] = sum(float(t.info["correct"]) for t in pooled)
+    s["game/pool_admitted"] = admitted   # fresh questions the pool took (game/pool_cleared: the trainer's)
+    s.update(signal_counts(sols))
+    return s
