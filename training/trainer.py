@@ -319,6 +319,7 @@ class SSPTrainer:
     def train_step(self) -> dict:
         from inference.game import play_round, shares, signal_counts
         from inference.rollout import RolloutConfig
+        from inference.self_search import shape_solver_rewards
 
         cfg, times = self.cfg, {}
         t_step = time.perf_counter()
@@ -343,7 +344,7 @@ class SSPTrainer:
             game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, rollout_cfg,
                               pool=self.pool, step=self.step, qa_questions=qa)
         if cfg.search.self_search_format_reward:
-            self._shape_self_search_rewards(game.trajectories, self.game_cfg.spam_divisor)
+            shape_solver_rewards(game.trajectories, self.game_cfg.spam_divisor)
             game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
@@ -416,21 +417,6 @@ class SSPTrainer:
             write_jsonl_atomic(self.out / "rollouts" / f"step_{self.step + 1}.rank{self.rank}.jsonl",
                         [rollout_record(t) for t in game.trajectories])
         return metrics
-
-    @staticmethod
-    def _shape_self_search_rewards(trajs, spam_divisor: float | None = None) -> None:
-        """SSRL's shaping for self-search solvers: 0.9 * correctness + 0.1 * format, divided by
-        `spam_divisor` (GameConfig's by default) where game.score recorded a spammed answer tag,
-        so the shaping replaces the reward without dropping the spam penalty."""
-        from inference.game import GameConfig
-        from inference.self_search import format_reward, shaped_reward
-        div = GameConfig.spam_divisor if spam_divisor is None else spam_divisor
-        for t in trajs:
-            if t.role == "solver":
-                t.info["format_reward"] = fmt = format_reward(t.response_text)
-                t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
-                if t.info.get("spam"):
-                    t.reward /= div
 
     # ------------------------------------------------------------------ log-probs, advantages, update
     @torch.no_grad()
