@@ -11,7 +11,8 @@
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  invalid_penalty if invalid
 
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
-samples of question j share "s{step}-q{j}". Rewards are written into the trajectories;
+samples of question j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/rounds.py)
+names them "s{step}r{k}-p{i}" and "s{step}r{k}-q{j}". Rewards are written into the trajectories;
 advantages are the trainer's business.
 
 Failures are left out, never scored (mark_excluded). A failed judge call reads as "wrong",
@@ -300,7 +301,7 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
 
 
 def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
-            rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
+            rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
     reqs = []
     for i, row in enumerate(rows):
@@ -340,7 +341,7 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
 
 
 def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: GameConfig,
-          rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
+          rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
     """G_s solver rollouts per question in ONE batched call; question j's group is "s{step}-q{j}".
 
     questions: {"question", "answer", "proposer": index of the proposer trajectory or None (from the pool)}.
@@ -390,6 +391,7 @@ def play_round(
     pool: QuestionPool | None = None,
     step: int = 0,
     qa_questions: Sequence[dict] = (),
+    round_idx: int = 0,
 ) -> GameResult:
     """Play one round on `rows` (B proposer prompts); returns both roles' trajectories with rewards, and stats.
 
@@ -399,7 +401,8 @@ def play_round(
         also answers the RAG check, so it then needs a server.
     pool: past valid questions; read to fill invalid slots (if cfg.pool_fill), then extended
         with this round's valid questions. None = no pool.
-    step: names the group ids and seeds this round's choices.
+    step: names the group ids and seeds this round's choices; round_idx k >= 1 (a refill round of the
+        step) adds "r{k}" to the ids and its own seed.
     rollout_cfg: one RolloutConfig, or {"proposer": cfg, "solver": cfg} (e.g. self-search for one role).
     qa_questions: fixed QA pairs ({"question", "answer"}) the solver also plays this round
         (Search-R1-style data, mixed in or alone when `rows` is empty: self-play off).
@@ -410,12 +413,13 @@ def play_round(
     if not rows and not qa_questions:
         raise ValueError("play_round needs at least one proposer row or QA question")
     prop_search, solver_search = _search_fns(search_fn)
-    rng = random.Random(cfg.seed * 1_000_003 + step)
+    rng = random.Random(cfg.seed * 1_000_003 + step if not round_idx else f"{cfg.seed}/{step}/{round_idx}")
+    tag = step if not round_idx else f"{step}r{round_idx}"   # the group ids' "s{tag}-"
     judge_before = dict(judge.stats)
 
     prop_rcfg, sol_rcfg = ((rollout_cfg["proposer"], rollout_cfg["solver"]) if isinstance(rollout_cfg, dict)
                            else (rollout_cfg, rollout_cfg))
-    props = propose(engine, rows, prop_search, cfg, prop_rcfg, step) if rows else []
+    props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
     reasons, verdict = validate(props, engine, judge, cfg, rng) if props else ([], {})
     valid = [i for i, why in enumerate(reasons) if why is None]
     qcps = {i: qcp_of(props[i]) for i in valid}
@@ -429,7 +433,7 @@ def play_round(
     if pool is not None:   # after filling, so a round never re-asks its own fresh questions
         for i in valid:
             pool.add(props[i].question, props[i].answer, step, qcps[i])
-    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, step)
+    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
         t.info["rag"] = verdict.get(i)

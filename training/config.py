@@ -157,6 +157,14 @@ class AlgoArgs:
     drop_flat_solver_groups: bool = F(False, "leave solver groups whose rewards are all equal (all right or all wrong) "
                                              "out of the loss (DAPO's dynamic sampling, without refilling): their group "
                                              "advantages are 0, and they only dilute the token-mean normaliser")
+    min_informative_groups: int = F(0, "dynamic sampling with refill (DAPO; veRL's algorithm.filter_groups): after a "
+                                       "step's first round of the game, play another on the next proposer rows (and "
+                                       "--qa_data rows if the step mixes them) while the step's informative solver "
+                                       "groups (rewards not all equal, not left out for a failure; each counted once "
+                                       "over all ranks) are fewer than N and fewer than --max_rounds rounds were "
+                                       "played. Needs --drop_flat_solver_groups true. 0 = off: one round a step")
+    max_rounds: int = F(3, "with --min_informative_groups: at most this many rounds of the game a step (each costs "
+                           "a round's generation); a step that hits the cap trains on what it has")
     distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
                             "each sampled token to its advantage, q_T being the same model given the proposer's "
                             "question construction path (or the answer, --distill_hint) as privileged context; "
@@ -417,6 +425,31 @@ def needs_critic(cfg: Config) -> bool:
     return "gae" in (cfg.algorithm.proposer_estimator, cfg.algorithm.solver_estimator)
 
 
+def refill_errors(cfg: Config) -> list[str]:
+    """Why --min_informative_groups / --max_rounds cannot run as given ([] when they can)."""
+    a, sp, errs = cfg.algorithm, cfg.selfplay, []
+    n, r = a.min_informative_groups, a.max_rounds
+    if n < 0 or r < 1:
+        errs.append(f"--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1 (got {n}, {r})")
+    elif n:
+        if r == 1:
+            errs.append(f"--min_informative_groups {n} refills a step with more rounds, but --max_rounds 1 allows "
+                        f"none: pass --max_rounds 2 or more, or --min_informative_groups 0")
+        if not a.drop_flat_solver_groups:
+            # refused, not switched on behind the flag's back: config.json then says what ran, and an explicit
+            # --drop_flat_solver_groups false is never overridden
+            errs.append("--min_informative_groups plays rounds until the step holds N informative solver groups; "
+                        "the flat groups every round also plays would still enter the loss with advantage 0 and "
+                        "dilute its normaliser (DAPO filters them out): add --drop_flat_solver_groups true")
+        if not sp.solver_enable:
+            errs.append("--min_informative_groups counts the solver's informative groups, which carry no loss with "
+                        "--solver_enable false")
+        if not sp.self_play_enable and not sp.qa_data:
+            errs.append("--min_informative_groups refills a step from the next rows: it needs self-play (proposer "
+                        "rows) or --qa_data")
+    return errs
+
+
 def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | None = None,
                   multi_node: bool | None = None) -> None:
     """Refuse combinations that cannot work, saying why. Called at parse time and again once
@@ -472,6 +505,7 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
                     f"{o.max_nonfinite_steps})")
     if a.ppo_epochs < 1 or a.ppo_mini_batches < 1:
         errs.append(f"--ppo_epochs and --ppo_mini_batches must be >= 1 (got {a.ppo_epochs}, {a.ppo_mini_batches})")
+    errs += refill_errors(cfg)
     if a.dual_clip and a.dual_clip <= 1:
         errs.append(f"--dual_clip must be > 1 or 0 to disable (got {a.dual_clip})")
     if r.max_total_tokens > r.max_model_len:

@@ -3,6 +3,7 @@
     for step in steps:
         hybrid.to_generate()                       # ZeRO-3 shards -> vLLM, prefix cache reset
         game = play_round(rows_of_this_rank)       # proposer -> filters -> RAG -> solver -> rewards
+                                                   # (more rounds: --min_informative_groups, training/rounds.py)
         hybrid.to_train()                          # vLLM sleeps (GPU)
         old, ref = recompute log-probs             # packed, no grad
         values = critic(gae roles' trajectories)   # only when a role uses gae (training/critic.py)
@@ -30,6 +31,7 @@ from training.config import (AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults,
                              validate_args)
 from training.launch_env import demo_defaults_in_use, node_count
 from training.critic import step_values, train_step_critic
+from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
 from inference.game import is_count
@@ -316,10 +318,30 @@ class SSPTrainer:
         yield
         times[f"timing_s/{key}"] = times.get(f"timing_s/{key}", 0.0) + time.perf_counter() - t0
 
-    def train_step(self) -> dict:
-        from inference.game import play_round, shares, signal_counts
-        from inference.rollout import RolloutConfig
+    def play(self, rollout_cfg: dict):
+        """The step's game: one round on the next rows, or with --min_informative_groups N more rounds on the rows
+        after them until the step holds N informative solver groups (or --max_rounds): training/rounds.py."""
+        from inference.game import play_round, signal_counts
         from inference.self_search import shape_solver_rewards
+        search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
+        n = self.cfg.algorithm.min_informative_groups
+
+        def one(k: int):
+            rows, qa = self.next_batch()
+            game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, round_rollout_cfg(rollout_cfg, k),
+                              pool=self.pool, step=self.step, qa_questions=qa, round_idx=k)
+            if self.cfg.search.self_search_format_reward:  # before the count: shaping decides which groups are flat
+                shape_solver_rewards(game.trajectories, self.game_cfg.spam_divisor)
+                game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
+            return game
+        rounds = play_rounds(one, n, self.cfg.algorithm.max_rounds,  # a TP group's ranks play the same games: once
+                             lambda x: D.all_reduce_sum([x])[0] / self.cfg.rollout.vllm_tp)
+        game = merge_rounds(rounds, main=D.is_main()) if n else rounds[0]
+        return game
+
+    def train_step(self) -> dict:
+        from inference.game import shares
+        from inference.rollout import RolloutConfig
 
         cfg, times = self.cfg, {}
         t_step = time.perf_counter()
@@ -338,14 +360,8 @@ class SSPTrainer:
         if self.simulated is not None:
             self.simulated.set_step(self.step)
             sim_before = dict(self.simulated.stats)
-        rows, qa = self.next_batch()
-        search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
         with self._timer(times, "generate"):
-            game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, rollout_cfg,
-                              pool=self.pool, step=self.step, qa_questions=qa)
-        if cfg.search.self_search_format_reward:
-            shape_solver_rewards(game.trajectories, self.game_cfg.spam_divisor)
-            game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
+            game = self.play(rollout_cfg)
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
         game_stats = self._reduce_game_stats(game.stats)
@@ -560,17 +576,6 @@ class SSPTrainer:
 
 def _all_reduce_tensor(t: torch.Tensor) -> None:
     D.all_reduce_tensor(t, "sum")  # utils.dist puts it on the backend's device (NCCL: CUDA only)
-
-
-def drop_flat_solver_groups(trajs) -> tuple[list, int]:
-    """(trajectories without the solver groups whose rewards are all equal, how many such groups).
-    A solver group lives on one rank, so this needs no collective."""
-    rewards: dict = {}
-    for t in trajs:
-        if t.role == "solver":
-            rewards.setdefault(t.group_id, set()).add(float(t.reward))
-    flat = {g for g, r in rewards.items() if len(r) == 1}
-    return [t for t in trajs if not (t.role == "solver" and t.group_id in flat)], len(flat)
 
 
 def _fault_point(where: str, step: int) -> None:

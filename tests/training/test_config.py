@@ -57,6 +57,14 @@ def test_defaults_parse_with_existing_paths(tmp_path):
      "cannot hold a teacher sequence"),
     (["--distill", "sampled", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
      "cannot hold a teacher sequence"),
+    # dynamic sampling with refill, and the search-count mix
+    (["--min_informative_groups", "-1"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1"),
+    (["--max_rounds", "0"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1 (got 0, 0)"),
+    (["--min_informative_groups", "4", "--max_rounds", "1", "--drop_flat_solver_groups", "true"],
+     "but --max_rounds 1 allows none"),
+    (["--min_informative_groups", "4"], "add --drop_flat_solver_groups true"),
+    (["--min_informative_groups", "4", "--drop_flat_solver_groups", "true", "--solver_enable", "false"],
+     "which carry no loss with --solver_enable false"),
 ])
 def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
@@ -299,6 +307,14 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
         assert proposer_reward([0.0] * 4, want) == 0.0 < proposer_reward([1.0, 0.0, 0.0, 1.0], want)
     # an explicit choice is kept (SSP's "without RAG verification" ablation stays possible)
     assert parse_config(paths + ["--rag_verify", rag, "--proposer_reward", "1-acc"]).selfplay.proposer_reward == "1-acc"
+
+
+def test_refill_passes_when_complete(tmp_path):
+    cfg = parse_config(_ok_paths(tmp_path) + ["--min_informative_groups", "8", "--max_rounds", "3",
+                                              "--drop_flat_solver_groups", "true"])
+    assert (cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds) == (8, 3)
+    assert parse_config(_ok_paths(tmp_path)).algorithm.min_informative_groups == 0     # off by default: one round
+    parse_config(_ok_paths(tmp_path) + ["--max_rounds", "1"])            # R without N: nothing to refuse
 
 
 def test_search_counts_are_clamped_into_what_the_game_accepts():

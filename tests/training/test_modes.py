@@ -305,7 +305,7 @@ def test_topk_self_distillation_reports_its_kl_and_leaves_the_advantages(runs):
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
     from types import SimpleNamespace as T
 
-    from training.trainer import drop_flat_solver_groups
+    from training.rounds import drop_flat_solver_groups
     trajs = [T(role="solver", group_id="a", reward=r) for r in (1.0, 0.0)]      # mixed: kept
     trajs += [T(role="solver", group_id="b", reward=r) for r in (1.0, 1.0)]     # all right: dropped
     trajs += [T(role="solver", group_id="c", reward=r) for r in (0.0, 0.0)]     # all wrong: dropped
