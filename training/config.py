@@ -122,6 +122,16 @@ class SelfPlayArgs:
                         choices=("judge", "policy", "off"))
     rag_distractors: int = F(2, "k: distractor document sets shuffled into the RAG check")
     min_searches: int = F(2, "questions from proposer trajectories with fewer distinct searches are invalid")
+    searches_at_least_n: bool = F(False, "a question is valid only with at least the n distinct searches its prompt "
+                                         "asked for, when n > --min_searches (the SSP paper's intent; off = "
+                                         "--min_searches for every question, as SSP's code)")
+    search_turns_mix: str = F("", "draw each proposer row's search count n (the prompt's 'needs n searches') from "
+                                  "these weights of n = 1, 2, 3, ..., e.g. 4:3:2:1 (Dr. Zero's 1-4 hops), by --seed "
+                                  "and the row's position in the data stream, so a resume draws the same n; then "
+                                  "clamped into [--min_searches, --max_turns - 1] like every row's n: with "
+                                  "--min_searches 2 the n = 1 weight folds into n = 2. The filter asks for "
+                                  "--min_searches searches whatever n is; with --searches_at_least_n true each "
+                                  "question needs its own n. Empty = off: each row keeps its own search_turns")
     use_pool: bool = F(True, "refill failed question slots from a pool of earlier valid questions")
     pool_size: int = F(256, "max questions kept in the pool (checkpointed)")
     pool_init: str = F("", "QA rows (question, golden_answers) that seed the pool, so the solver trains while the "
@@ -426,7 +436,8 @@ def needs_critic(cfg: Config) -> bool:
 
 
 def refill_errors(cfg: Config) -> list[str]:
-    """Why --min_informative_groups / --max_rounds cannot run as given ([] when they can)."""
+    """Why --min_informative_groups / --max_rounds / --search_turns_mix cannot run as given ([] when they can)."""
+    from inference.data import parse_search_turns_mix  # light: no torch
     a, sp, errs = cfg.algorithm, cfg.selfplay, []
     n, r = a.min_informative_groups, a.max_rounds
     if n < 0 or r < 1:
@@ -447,6 +458,12 @@ def refill_errors(cfg: Config) -> list[str]:
         if not sp.self_play_enable and not sp.qa_data:
             errs.append("--min_informative_groups refills a step from the next rows: it needs self-play (proposer "
                         "rows) or --qa_data")
+    try:
+        parse_search_turns_mix(sp.search_turns_mix)
+    except ValueError as e:
+        errs.append(f"--{e}")
+    if sp.search_turns_mix.strip() and not sp.self_play_enable:
+        errs.append("--search_turns_mix draws the proposer's search counts; --self_play_enable false has no proposer")
     return errs
 
 

@@ -34,6 +34,7 @@ from training.critic import step_values, train_step_critic
 from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
+from inference.data import mix_search_turns
 from inference.game import is_count
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
@@ -196,7 +197,8 @@ class SSPTrainer:
                       if sp.judge == "llm" else Judge())
         self.game_cfg = GameConfig(
             proposer_samples=sp.proposer_n, solver_samples=sp.solver_n, template=cfg.model.template,
-            min_searches=sp.min_searches, rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
+            min_searches=sp.min_searches, searches_at_least_n=sp.searches_at_least_n, rag_verifier=sp.rag_verify,
+            rag_distractors=sp.rag_distractors,
             pool_fill=sp.use_pool, pool_size=sp.pool_size, proposer_reward=sp.proposer_reward,
             invalid_penalty=sp.format_penalty, seed=cfg.optimisation.seed + 7919 * self.dp_rank)
         self.pool = QuestionPool(sp.pool_size, seed=cfg.optimisation.seed + self.dp_rank)
@@ -265,7 +267,11 @@ class SSPTrainer:
         sp = self.cfg.selfplay
         b = sp.prompts_per_step
         n_qa = b if not sp.self_play_enable else int(round(sp.qa_mix_fraction * b))
-        items = [("p", r) for r in self._take(self.rows, "cursor", b - n_qa)]
+        start, prop = self.cursor, self._take(self.rows, "cursor", b - n_qa)
+        prop = mix_search_turns(prop, start, sp.search_turns_mix, self.cfg.optimisation.seed, sp.min_searches,
+                                self.cfg.rollout.max_turns - 1)  # --search_turns_mix: n by (seed, position); "" = off
+        self.batch_search_turns = [r.search_turns for r in prop]  # the whole batch's, the same on every rank
+        items = [("p", r) for r in prop]
         items += [("q", r) for r in self._take(self.qa_rows, "qa_cursor", n_qa)]
         per = b // self.dp_world
         mine = items[self.dp_rank * per:(self.dp_rank + 1) * per]
@@ -324,10 +330,11 @@ class SSPTrainer:
         from inference.game import play_round, signal_counts
         from inference.self_search import shape_solver_rewards
         search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
-        n = self.cfg.algorithm.min_informative_groups
+        n, turns = self.cfg.algorithm.min_informative_groups, []
 
         def one(k: int):
             rows, qa = self.next_batch()
+            turns.extend(self.batch_search_turns)
             game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, round_rollout_cfg(rollout_cfg, k),
                               pool=self.pool, step=self.step, qa_questions=qa, round_idx=k)
             if self.cfg.search.self_search_format_reward:  # before the count: shaping decides which groups are flat
@@ -337,6 +344,8 @@ class SSPTrainer:
         rounds = play_rounds(one, n, self.cfg.algorithm.max_rounds,  # a TP group's ranks play the same games: once
                              lambda x: D.all_reduce_sum([x])[0] / self.cfg.rollout.vllm_tp)
         game = merge_rounds(rounds, main=D.is_main()) if n else rounds[0]
+        if self.cfg.selfplay.search_turns_mix and turns:  # the same on every rank: a mean over ranks keeps it
+            game.stats["proposer/search_turns_mean"] = float(np.mean(turns))
         return game
 
     def train_step(self) -> dict:

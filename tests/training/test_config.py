@@ -65,6 +65,8 @@ def test_defaults_parse_with_existing_paths(tmp_path):
     (["--min_informative_groups", "4"], "add --drop_flat_solver_groups true"),
     (["--min_informative_groups", "4", "--drop_flat_solver_groups", "true", "--solver_enable", "false"],
      "which carry no loss with --solver_enable false"),
+    (["--search_turns_mix", "4:x"], "--search_turns_mix '4:x': expected weights of n = 1, 2, ..."),
+    (["--search_turns_mix", "0:0"], "weights must be finite, >= 0 and not all 0"),
 ])
 def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
@@ -309,11 +311,15 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
     assert parse_config(paths + ["--rag_verify", rag, "--proposer_reward", "1-acc"]).selfplay.proposer_reward == "1-acc"
 
 
-def test_refill_passes_when_complete(tmp_path):
+def test_refill_and_the_search_count_mix_pass_when_complete(tmp_path):
     cfg = parse_config(_ok_paths(tmp_path) + ["--min_informative_groups", "8", "--max_rounds", "3",
-                                              "--drop_flat_solver_groups", "true"])
+                                              "--drop_flat_solver_groups", "true", "--search_turns_mix", "4:3:2:1",
+                                              "--searches_at_least_n", "true"])
     assert (cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds) == (8, 3)
-    assert parse_config(_ok_paths(tmp_path)).algorithm.min_informative_groups == 0     # off by default: one round
+    assert cfg.selfplay.search_turns_mix == "4:3:2:1" and cfg.selfplay.searches_at_least_n
+    # off by default: one round a step, each row its own n, --min_searches for every question
+    d = parse_config(_ok_paths(tmp_path))
+    assert (d.algorithm.min_informative_groups, d.selfplay.search_turns_mix, d.selfplay.searches_at_least_n) == (0, "", False)
     parse_config(_ok_paths(tmp_path) + ["--max_rounds", "1"])            # R without N: nothing to refuse
 
 

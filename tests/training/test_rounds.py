@@ -1,21 +1,23 @@
-"""Dynamic sampling with refill (training/rounds.py), as the trainer plays it.
+"""Dynamic sampling with refill (training/rounds.py) and the search-count mix, as the trainer plays them.
 
 The round loop runs in SSPTrainer.play on fake ranks: one thread per rank, a real barrier behind the
 all-reduce (a rank that called it a different number of times breaks the barrier instead of hanging),
 the trainer's own next_batch and cursors, and a scripted play_round whose informative groups per rank
 and round are given. A real round (play_round with a scripted engine on the real tokenizer) checks the
-group ids of refill rounds and that merge_stats knows every stat a round makes. The update with uneven
-groups per rank is tests/training/test_update.py's (the uneven phase of update_worker.py).
+group ids of refill rounds and that merge_stats knows every stat a round makes. The trainer's draw of
+each row's search count follows the row's stream position (the draw itself: tests/inference/test_data.py).
+The update with uneven groups per rank is tests/training/test_update.py's (update_worker.py's uneven phase).
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 from types import SimpleNamespace
 
 import pytest
 
-from inference.data import ProposerRow
+from inference.data import ProposerRow, draw_search_turns
 from inference.game import GameResult, is_count
 from inference.rollout import RolloutConfig
 from inference.trajectory import Trajectory
@@ -111,7 +113,8 @@ def scripted_play_round(script, world):
     def play_round(engine, rows, search_fn, judge, cfg, rollout_cfg, pool=None, step=0, qa_questions=(), round_idx=0):
         r = world.rank()
         world.seen[r].append({"round": round_idx, "rows": [x.answer for x in rows],
-                              "qa": [q["question"] for q in qa_questions], "seed": rollout_cfg["solver"].seed})
+                              "turns": [x.search_turns for x in rows], "qa": [q["question"] for q in qa_questions],
+                              "seed": rollout_cfg["solver"].seed})
         sol = Trajectory("solver", f"s{step}r{round_idx}-q0", [1, 2], [0, 1], [0.0, -0.5], reward=1.0)
         stats = {"game/informative_groups": float(script[r][round_idx]), "game/solver_groups": 1.0,
                  "solver/acc": float(round_idx), "game/pool_size": 10.0 + round_idx, "judge/calls": 2.0}
@@ -119,7 +122,7 @@ def scripted_play_round(script, world):
     return play_round
 
 
-def play_step(monkeypatch, script, n, cap, qa_mix=0.5, cursors=(0, 0)):
+def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     """SSPTrainer.play on 2 fake ranks at prompts_per_step 4; returns (trainers, games, seen, world)."""
     import inference.game
     from utils import dist as D
@@ -127,7 +130,7 @@ def play_step(monkeypatch, script, n, cap, qa_mix=0.5, cursors=(0, 0)):
     world = FakeWorld(2)
     world.seen = [[], []]
     cfg = Config()
-    cfg.selfplay.prompts_per_step, cfg.selfplay.qa_mix_fraction = 4, qa_mix
+    cfg.selfplay.prompts_per_step, cfg.selfplay.qa_mix_fraction, cfg.selfplay.search_turns_mix = 4, qa_mix, mix
     cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds = n, cap
     cfg.algorithm.drop_flat_solver_groups = True
     monkeypatch.setattr(inference.game, "play_round", scripted_play_round(script, world))
@@ -170,7 +173,7 @@ def test_without_the_flag_the_step_is_one_round_as_before(monkeypatch):
     assert [(t.cursor, t.qa_cursor) for t in trainers] == [(2, 2), (2, 2)]
     assert "game/rounds" not in games[0].stats and seen[0][0]["seed"] == 1000
     assert set(games[0].stats) == {"game/informative_groups", "game/solver_groups", "solver/acc", "game/pool_size",
-                                   "judge/calls"}
+                                   "judge/calls"}                          # no proposer/search_turns_mean either
 
 
 def test_merge_stats_sums_counts_and_weights_means():
@@ -235,3 +238,19 @@ def test_refill_rounds_get_their_own_group_ids_and_every_stat_merges_by_name(smo
     assert not unnamed, f"merge_stats would average these over rounds unweighted; name them: {sorted(unnamed)}"
     assert game.stats["game/proposer_trajs"] == 4 and game.stats["game/valid_questions"] == 4
     assert game.stats["solver/acc"] == 1.0 and game.stats["game/rounds"] == 2
+
+
+def test_the_trainer_draws_each_rows_n_by_its_stream_position(monkeypatch):
+    script = {0: [0, 0, 0], 1: [0, 0, 0]}
+    _, games, seen, _ = play_step(monkeypatch, script, n=9, cap=3, qa_mix=0.0, mix="4:3:2:1")
+    turns = [t for s in seen[0] + seen[1] for t in s["turns"]]
+    assert len(turns) == 12 and set(turns) <= {2, 3}                                # default --max_turns 4: n <= 3
+    # rank 0 holds positions 0-1, 4-5, 8-9 of the stream, rank 1 positions 2-3, 6-7, 10-11
+    want = {pos: min(max(draw_search_turns([4, 3, 2, 1], 42, pos), 2), 3) for pos in range(12)}
+    assert [t for s in seen[0] for t in s["turns"]] == [want[p] for p in (0, 1, 4, 5, 8, 9)]
+    assert [t for s in seen[1] for t in s["turns"]] == [want[p] for p in (2, 3, 6, 7, 10, 11)]
+    mean = statistics.mean(want.values())
+    assert games[0].stats["proposer/search_turns_mean"] == games[1].stats["proposer/search_turns_mean"] == mean
+    # resumed at position 4 (the second round's rows): the same n's
+    _, _, again, _ = play_step(monkeypatch, script, n=0, cap=3, qa_mix=0.0, mix="4:3:2:1", cursors=(4, 0))
+    assert again[0][0]["turns"] == [want[4], want[5]] and again[1][0]["turns"] == [want[6], want[7]]
