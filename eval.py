@@ -316,7 +316,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"config.json); pass --overwrite to replace them, or pick another --out_dir")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be >= 1, got {a.limit}")
-    from training.config import report_to_errors
+    from training.input_checks import report_to_errors
     for err in report_to_errors(a.report_to):
         p.error(err)
     if a.samples < 1:

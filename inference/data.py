@@ -187,6 +187,48 @@ def clamp_search_turns(rows: list[ProposerRow], lo: int, hi: int) -> int:
     return moved
 
 
+def parse_search_turns_mix(spec: str) -> list[float]:
+    """"4:3:2:1" -> the weights of n = 1, 2, 3, 4 (any non-negative numbers, at least one positive; they need
+    not sum to 1); "" -> [] (off). A ValueError says what is wrong."""
+    if not spec.strip():
+        return []
+    try:
+        w = [float(x) for x in spec.split(":")]
+    except ValueError:
+        raise ValueError(f"search_turns_mix {spec!r}: expected weights of n = 1, 2, ... separated by ':', "
+                         f"e.g. 4:3:2:1") from None
+    if any(not x >= 0 or x == float("inf") for x in w) or not sum(w) > 0:
+        raise ValueError(f"search_turns_mix {spec!r}: weights must be finite, >= 0 and not all 0")
+    return w
+
+
+SEARCH_TURNS_STREAM = 0x5EA4C4  # keeps these draws apart from any other stream seeded by (seed, position)
+
+
+def draw_search_turns(weights: list[float], seed: int, position: int) -> int:
+    """The search count n (1-based: weights[0] is n = 1's) of the row at `position` of the data stream, drawn
+    from `weights` by its own generator seeded with (seed, position): the same n on every call, rank and
+    resume, whatever was drawn before."""
+    import numpy as np
+
+    u = np.random.default_rng([seed & (2**64 - 1), position, SEARCH_TURNS_STREAM]).random()
+    cum = np.cumsum(weights) / sum(weights)
+    return 1 + min(int(np.searchsorted(cum, u, side="right")), len(weights) - 1)
+
+
+def mix_search_turns(rows: list[ProposerRow], start: int, spec: str, seed: int, lo: int, hi: int) -> list[ProposerRow]:
+    """`rows` (positions start, start + 1, ... of the data stream) with their search_turns drawn from the mix
+    `spec` (parse_search_turns_mix; draw_search_turns), then clamped into [lo, hi] as clamp_search_turns does;
+    copies, so a row read again in a later epoch gets its new position's n. spec "": `rows` as they are."""
+    import dataclasses
+
+    weights = parse_search_turns_mix(spec)
+    if not weights:
+        return rows
+    return [dataclasses.replace(r, search_turns=min(max(draw_search_turns(weights, seed, start + i), lo), hi))
+            for i, r in enumerate(rows)]
+
+
 QUESTION_KEYS = ("question", "extra_info.question", "problem")
 GOLDEN_KEYS = ("golden_answers", "reward_model.ground_truth", "answer", "answers", "ground_truth")
 

@@ -12,7 +12,8 @@
     pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
-samples of question j share "s{step}-q{j}". Rewards are written into the trajectories;
+samples of question j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/rounds.py)
+names them "s{step}r{k}-p{i}" and "s{step}r{k}-q{j}". Rewards are written into the trajectories;
 advantages are the trainer's business.
 
 Failures are left out, never scored (mark_excluded). A failed judge call reads as "wrong",
@@ -39,12 +40,14 @@ from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY,
                                     _mean, _stats, answer_in_text, answer_is_first_title, is_count, no_question_why,
                                     one_search_answerable, rollout_record, shares, signal_counts)
 from inference.judge import Judge, JudgeItem
-from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
+# the RAG check (inference/rag_check.py); its names stay importable from here too
+from inference.rag_check import RAG_INSTRUCTION, _flat_docs, _searches, rag_check, rag_prompt, solver_view  # noqa: F401
+from inference.prompts import build_proposer_prompt, build_solver_prompt
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import build_self_search_prompt
 from inference.trajectory import Trajectory
-from utils.text import exact_match, normalize_answer
+from utils.text import normalize_answer
 
 log = logging.getLogger(__name__)
 
@@ -234,147 +237,6 @@ class GameResult:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-# ---- RAG check -------------------------------------------------------------------------------
-
-RAG_INSTRUCTION = (
-    "Answer the question using only the documents below. Give just the short answer inside "
-    "<answer> and </answer>.\n\n"
-    "Example:\nDocuments:\nDoc 1 (Title: Eiffel Tower) The Eiffel Tower in Paris was designed by the engineering "
-    "company of Gustave Eiffel.\nQuestion: Whose company designed the landmark tower in Paris?\n"
-    "<answer> Gustave Eiffel </answer>\n\n"
-    "Documents:\n{docs}Question: {question}\n"
-)
-
-
-def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
-    seen, out = set(), []
-    for call in docs:
-        for d in call:
-            key = d.get("id") or d.get("contents")
-            if key not in seen and str(d.get("contents", "")).strip():
-                seen.add(key)
-                out.append(d)
-    return out
-
-
-def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: GameConfig, rng: random.Random,
-               fits: Callable[[str], bool] = lambda s: True) -> str:
-    """The RAG-check user message: own docs always, distractors while they fit, all in shuffled order.
-
-    Over budget, distractors go first; then every document is shortened, halving until it fits.
-    """
-    own_ids = {d.get("id") for d in own}
-    extra = [d for d in distractors if d.get("id") not in own_ids]
-    doc_chars = cfg.rag_max_doc_chars
-    while True:
-        chosen = [{**d, "contents": str(d.get("contents", ""))[:doc_chars]} for d in own]
-        budget = cfg.rag_max_context_chars - sum(len(d["contents"]) for d in chosen)
-        for d in extra:
-            d = {**d, "contents": str(d.get("contents", ""))[:doc_chars]}
-            if len(d["contents"]) <= budget:
-                chosen.append(d)
-                budget -= len(d["contents"])
-        rng.shuffle(chosen)
-        text = RAG_INSTRUCTION.format(docs=format_docs(chosen), question=question.strip())
-        if (budget >= 0 and fits(text)) or doc_chars <= 50:
-            return text
-        if extra:
-            extra = []
-        else:
-            doc_chars //= 2
-
-
-def _rag_answer_text(reply: str | None) -> str | None:
-    if reply is None:
-        return None
-    ans = extract_answer(reply)
-    if ans is None:  # a verifier that ignored the tags: take its first non-empty line
-        lines = [ln.strip() for ln in reply.replace("<answer>", "").splitlines() if ln.strip()]
-        ans = lines[0] if lines else ""
-    return ans
-
-
-def _searches(t: Trajectory) -> list[tuple[str, list[dict]]]:
-    """A trajectory's (query, documents) pairs, in the order it searched."""
-    return [(str(q), list(d or [])) for q, d in zip(t.info.get("queries") or [], t.info.get("docs") or [])]
-
-def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], distractors: list[tuple[str, list[dict]]],
-                template: str, max_info_tokens: int, limit: int, rng: random.Random) -> list[int]:
-    """The policy verifier's prompt: the solver's own prompt for `question`, then search turns that return exactly
-    what the proposer's searches showed, each <information> block cut to max_info_tokens as a rollout cuts it, and
-    the distractors' searches shuffled in among them. It reads what a solver that searched well would read, in the
-    solver's own format, so a question passes only when those blocks answer it. Distractors are dropped, last
-    first, while the prompt is over `limit` tokens; the proposer's own searches always stay."""
-    from inference.rollout import _info_tokens
-
-    def ids(searches: list[tuple[str, list[dict]]]) -> list[int]:
-        out = build_solver_prompt(tok, question, template)
-        for q, docs in searches:
-            out += tok(f"<search> {q} </search>", add_special_tokens=False)["input_ids"]
-            out += _info_tokens(tok, format_docs(docs), max_info_tokens)
-        return out
-
-    order = [("own", s) for s in own] + [("other", s) for s in distractors]
-    rng.shuffle(order)
-    while True:
-        got = ids([s for _, s in order])
-        others = [k for k, (who, _) in enumerate(order) if who == "other"]
-        if len(got) < limit or not others:
-            return got
-        del order[others[-1]]
-
-def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-              rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
-    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
-    (the verifier gave no reply, or the judge failed on a non-exact-match answer).
-
-    Distractors come from trajectories of *other* proposer prompts (info["meta"]["row"]): the
-    G_p samples of one prompt search around the same answer, so their documents would help.
-    The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
-    exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
-    """
-    if not candidates:
-        return {}
-    prompts = []
-    for i in candidates:
-        row = props[i].info["meta"]["row"]
-        others = [j for j, t in enumerate(props) if t.info["meta"]["row"] != row and _flat_docs(t.info.get("docs", []))]
-        picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
-        prompts.append((i, picked))
-
-    if cfg.rag_verifier == "policy":
-        from inference.engines import SamplingConfig
-
-        tok = engine.tokenizer
-        limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
-        views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],
-                             cfg.template, max_info_tokens, limit, rng) for i, picked in prompts]
-        outs = engine.generate(views, SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
-        replies: list[str | None] = [o.text for o in outs]
-    else:
-        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]),
-                            [d for j in picked for d in _flat_docs(props[j].info["docs"])], cfg, rng)
-                 for i, picked in prompts]
-        replies = judge.chat_many([[{"role": "user", "content": t}] for t in texts], max_tokens=cfg.rag_max_tokens)
-
-    verdict: dict[int, bool | None] = {}
-    ask = []
-    for (i, _), reply in zip(prompts, replies):
-        pred = _rag_answer_text(reply)
-        props[i].info["rag_answer"] = pred
-        if pred is None:
-            verdict[i] = None
-        elif exact_match(pred, props[i].answer):
-            verdict[i] = True
-        else:
-            ask.append((i, pred))
-    results = judge.judge_many([JudgeItem(props[i].question, props[i].answer, p) for i, p in ask])
-    for (i, _), res in zip(ask, results):
-        # A judge that is down decides nothing: "wrong" would give the proposer the invalid penalty
-        # for an outage. Undecided passes unchecked, and mark_excluded leaves the proposer group out.
-        verdict[i] = None if res.judge_failed else res.correct
-    return verdict
-
 # ---- the round, in stages ----------------------------------------------------------------------
 # Each stage reads what it needs from the trajectories (answer, info["meta"]), so the
 # stages can also be driven on hand-made trajectories.
@@ -389,7 +251,7 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
 
 
 def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
-            rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
+            rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
     reqs = []
     for i, row in enumerate(rows):
@@ -429,7 +291,7 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
 
 
 def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: GameConfig,
-          rollout_cfg: RolloutConfig, step: int) -> list[Trajectory]:
+          rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
     """G_s solver rollouts per question in ONE batched call; question j's group is "s{step}-q{j}".
 
     questions: {"question", "answer", "proposer": index of the proposer trajectory or None (from the pool)}.
@@ -479,6 +341,7 @@ def play_round(
     pool: QuestionPool | None = None,
     step: int = 0,
     qa_questions: Sequence[dict] = (),
+    round_idx: int = 0,
 ) -> GameResult:
     """Play one round on `rows` (B proposer prompts); returns both roles' trajectories with rewards, and stats.
 
@@ -490,6 +353,7 @@ def play_round(
         as it holds), then extended with this round's valid questions whose solve rate lies in
         [cfg.pool_min_solve_rate, cfg.pool_max_solve_rate] (admit_to_pool). None = no pool.
     step: names the group ids and seeds this round's choices.
+    round_idx: k >= 1 (a refill round of the step) adds "r{k}" to the ids and its own seed.
     rollout_cfg: one RolloutConfig, or {"proposer": cfg, "solver": cfg} (e.g. self-search for one role).
     qa_questions: fixed QA pairs ({"question", "answer"}) the solver also plays this round
         (Search-R1-style data, mixed in or alone when `rows` is empty: self-play off).
@@ -500,12 +364,13 @@ def play_round(
     if not rows and not qa_questions:
         raise ValueError("play_round needs at least one proposer row or QA question")
     prop_search, solver_search = _search_fns(search_fn)
-    rng = random.Random(cfg.seed * 1_000_003 + step)
+    rng = random.Random(cfg.seed * 1_000_003 + step if not round_idx else f"{cfg.seed}/{step}/{round_idx}")
+    tag = step if not round_idx else f"{step}r{round_idx}"   # the group ids' "s{tag}-"
     judge_before = dict(judge.stats)
 
     prop_rcfg, sol_rcfg = ((rollout_cfg["proposer"], rollout_cfg["solver"]) if isinstance(rollout_cfg, dict)
                            else (rollout_cfg, rollout_cfg))
-    props = propose(engine, rows, prop_search, cfg, prop_rcfg, step) if rows else []
+    props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
     # the policy verifier reads the documents as the solver's rollouts are cut
     reasons, verdict = validate(props, engine, judge, cfg, rng, sol_rcfg.max_info_tokens) if props else ([], {})
     valid = [i for i, why in enumerate(reasons) if why is None]
@@ -517,7 +382,7 @@ def play_round(
                   for f in fills]
     questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}
                   for q in qa_questions]
-    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, step)
+    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
         t.info["rag"] = verdict.get(i)

@@ -8,7 +8,7 @@ documents: the model is trained on how it searches and answers, not on the "docu
 
 This module holds the pieces around that loop:
   * `build_self_search_prompt`: the solver prompt that asks for self-written results;
-  * `format_reward` / `shaped_reward`: an optional format bonus (SSRL uses one so the model
+  * `format_reward` / `shaped_reward` / `shape_solver_rewards`: an optional format bonus (SSRL uses one so the model
     keeps the tag structure the masking relies on): 0.9 * exact match + 0.1 * format.
 """
 
@@ -97,3 +97,18 @@ def format_reward(text: str, eos: tuple[str, ...] = EOS_STRINGS) -> float:
 def shaped_reward(em: float, fmt: float) -> float:
     """SSRL-style mix: 0.9 * exact match (0/1) + 0.1 * format (0/1)."""
     return 0.9 * float(em) + 0.1 * float(fmt)
+
+
+def shape_solver_rewards(trajs, spam_divisor: float | None = None) -> None:
+    """SSRL's shaping of self-search solvers' rewards, in place: 0.9 * correctness + 0.1 * format, divided by
+    `spam_divisor` (GameConfig's by default) where game.score recorded a spammed answer, so the shaping
+    replaces the reward without dropping the spam penalty. Proposer trajectories are left alone."""
+    if spam_divisor is None:
+        from inference.game import GameConfig  # inference.game imports this module
+        spam_divisor = GameConfig.spam_divisor
+    for t in trajs:
+        if t.role == "solver":
+            t.info["format_reward"] = fmt = format_reward(t.response_text)
+            t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
+            if t.info.get("spam"):
+                t.reward /= spam_divisor

@@ -23,6 +23,7 @@ from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
 from inference.rollout import RolloutConfig
+from training.input_checks import model_path_errors, report_to_errors
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
@@ -147,6 +148,16 @@ class SelfPlayArgs:
                                                                "invalid (SSP's floor: 10). A small solver's one-hop "
                                                                "reading questions are shorter (\"What is the capital of "
                                                                "Abkhazia?\": 6 words); the CPU ladder and demo pass 4")
+    searches_at_least_n: bool = F(GameConfig.searches_at_least_n, "a question is valid only with at least the n distinct searches its prompt "
+                                         "asked for, when n > --min_searches (the SSP paper's intent; off = "
+                                         "--min_searches for every question, as SSP's code)")
+    search_turns_mix: str = F("", "draw each proposer row's search count n (the prompt's 'needs n searches') from "
+                                  "these weights of n = 1, 2, 3, ..., e.g. 4:3:2:1 (Dr. Zero's 1-4 hops), by --seed "
+                                  "and the row's position in the data stream, so a resume draws the same n; then "
+                                  "clamped into [--min_searches, --max_turns - 1] like every row's n: with "
+                                  "--min_searches 2 the n = 1 weight folds into n = 2. The filter asks for "
+                                  "--min_searches searches whatever n is; with --searches_at_least_n true each "
+                                  "question needs its own n. Empty = off: each row keeps its own search_turns")
     use_pool: bool = F(GameConfig.pool_fill, "refill failed question slots from a pool of earlier valid questions "
                                              "(distinct ones: a slot the pool cannot fill stays empty)")
     pool_size: int = F(GameConfig.pool_size, "max questions kept in the pool, the oldest dropped first (checkpointed)")
@@ -193,6 +204,14 @@ class AlgoArgs:
     drop_flat_solver_groups: bool = F(False, "leave solver groups whose rewards are all equal (all right or all wrong) "
                                              "out of the loss (DAPO's dynamic sampling, without refilling): their group "
                                              "advantages are 0, and they only dilute the token-mean normaliser")
+    min_informative_groups: int = F(0, "dynamic sampling with refill (DAPO; veRL's algorithm.filter_groups): after a "
+                                       "step's first round of the game, play another on the next proposer rows (and "
+                                       "--qa_data rows if the step mixes them) while the step's informative solver "
+                                       "groups (rewards not all equal, not left out for a failure; each counted once "
+                                       "over all ranks) are fewer than N and fewer than --max_rounds rounds were "
+                                       "played. Needs --drop_flat_solver_groups true. 0 = off: one round a step")
+    max_rounds: int = F(3, "with --min_informative_groups: at most this many rounds of the game a step (each costs "
+                           "a round's generation); a step that hits the cap trains on what it has")
     distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
                             "each sampled token to its advantage, q_T being the same model given the proposer's "
                             "question construction path (or the answer, --distill_hint) as privileged context; "
@@ -408,39 +427,10 @@ class ConfigError(ValueError):
     pass
 
 
-def model_path_errors(model_path: str) -> list[str]:
-    """[] for a local folder, or a hub id ("org/name", where "org" is no local folder) while the hub
-    is on (from_pretrained and vLLM download it); else the message that says what to do."""
-    import os
-    import re
-    if Path(model_path).exists():
-        return []
-    hub_id = (re.fullmatch(r"[\w.-]+/[\w.-]+", model_path) is not None and ".." not in model_path
-              and not Path(model_path.split("/")[0]).is_dir())
-    off = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""  # as huggingface_hub reads it
-    if hub_id and off.upper() in ("1", "ON", "YES", "TRUE"):
-        return [f"--model_path {model_path} is not a local folder, and the hub is offline here "
-                f"(HF_HUB_OFFLINE/TRANSFORMERS_OFFLINE={off}): download it first (`huggingface-cli download "
-                f"{model_path} --local-dir DIR`) and pass --model_path DIR, or switch the hub back on"]
-    if not hub_id:
-        return [f"--model_path {model_path} does not exist (run `python scripts/prepare_data.py` for the demo model)"]
-    return []
-
-
 # ----------------------------------------------------------------------------- demo defaults
 
 # (group, field, what the default is, the flag that replaces it): the CPU demo's defaults, which a
 # run on CUDA or across nodes almost never means to train with.
-def report_to_errors(report_to: str) -> list[str]:
-    """[] for a --report_to of known trackers; else the message naming what is not one."""
-    from utils.trackers import parse_report_to  # light: no tracker is imported
-    try:
-        parse_report_to(report_to)
-    except ValueError as e:
-        return [str(e)]
-    return []
-
-
 def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm
@@ -507,6 +497,8 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
                     f"{o.max_nonfinite_steps})")
     if a.ppo_epochs < 1 or a.ppo_mini_batches < 1:
         errs.append(f"--ppo_epochs and --ppo_mini_batches must be >= 1 (got {a.ppo_epochs}, {a.ppo_mini_batches})")
+    from training.rounds import refill_errors  # the refill lever's own checks, beside its loop
+    errs += refill_errors(cfg)
     if a.dual_clip and a.dual_clip <= 1:
         errs.append(f"--dual_clip must be > 1 or 0 to disable (got {a.dual_clip})")
     if r.max_total_tokens > r.max_model_len:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 def critic_errors(cfg) -> list[str]:
     """validate_args' refusals of the critic's flags."""
-    from training.config import model_path_errors, needs_critic
+    from training.config import needs_critic
+    from training.input_checks import model_path_errors
 
     c, a, errs = cfg.critic, cfg.algorithm, []
     if c.kl_in_reward < 0 or a.kl_coef < 0:

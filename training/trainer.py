@@ -3,6 +3,7 @@
     for step in steps:
         hybrid.to_generate()                       # ZeRO-3 shards -> vLLM, prefix cache reset
         game = play_round(rows_of_this_rank)       # proposer -> filters -> RAG -> solver -> rewards
+                                                   # (more rounds: --min_informative_groups, training/rounds.py)
         hybrid.to_train()                          # vLLM sleeps (GPU)
         old, ref = recompute log-probs             # packed, no grad
         values = critic(gae roles' trajectories)   # only when a role uses gae (training/critic.py)
@@ -30,8 +31,10 @@ from training.config import (AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults,
                              validate_args)
 from training.launch_env import demo_defaults_in_use, node_count
 from training.critic import step_values, train_step_critic
+from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
 from training.engine_builder import set_lr
 from training.update import changed_fraction, snapshot_weights
+from inference.data import mix_search_turns
 from inference.game import is_count
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
@@ -195,6 +198,7 @@ class SSPTrainer:
         self.game_cfg = GameConfig(
             proposer_samples=sp.proposer_n, solver_samples=sp.solver_n, template=cfg.model.template,
             min_searches=sp.min_searches, min_question_words=sp.min_question_words,
+            searches_at_least_n=sp.searches_at_least_n,
             rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
             pool_fill=sp.use_pool, pool_size=sp.pool_size, pool_min_solve_rate=sp.pool_min_solve_rate,
             pool_max_solve_rate=sp.pool_max_solve_rate, pool_clear_every=sp.pool_clear_every,
@@ -266,7 +270,11 @@ class SSPTrainer:
         sp = self.cfg.selfplay
         b = sp.prompts_per_step
         n_qa = b if not sp.self_play_enable else int(round(sp.qa_mix_fraction * b))
-        items = [("p", r) for r in self._take(self.rows, "cursor", b - n_qa)]
+        start, prop = self.cursor, self._take(self.rows, "cursor", b - n_qa)
+        prop = mix_search_turns(prop, start, sp.search_turns_mix, self.cfg.optimisation.seed, sp.min_searches,
+                                self.cfg.rollout.max_turns - 1)  # --search_turns_mix: n by (seed, position); "" = off
+        self.batch_search_turns = [r.search_turns for r in prop]  # the whole batch's, the same on every rank
+        items = [("p", r) for r in prop]
         items += [("q", r) for r in self._take(self.qa_rows, "qa_cursor", n_qa)]
         per = b // self.dp_world
         mine = items[self.dp_rank * per:(self.dp_rank + 1) * per]
@@ -319,8 +327,32 @@ class SSPTrainer:
         yield
         times[f"timing_s/{key}"] = times.get(f"timing_s/{key}", 0.0) + time.perf_counter() - t0
 
+    def play(self, rollout_cfg: dict):
+        """The step's game: one round on the next rows, or with --min_informative_groups N more rounds on the rows
+        after them until the step holds N informative solver groups (or --max_rounds): training/rounds.py."""
+        from inference.game import play_round, signal_counts
+        from inference.self_search import shape_solver_rewards
+        search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
+        n, turns = self.cfg.algorithm.min_informative_groups, []
+
+        def one(k: int):
+            rows, qa = self.next_batch()
+            turns.extend(self.batch_search_turns)
+            game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, round_rollout_cfg(rollout_cfg, k),
+                              pool=self.pool, step=self.step, qa_questions=qa, round_idx=k)
+            if self.cfg.search.self_search_format_reward:  # before the count: shaping decides which groups are flat
+                shape_solver_rewards(game.trajectories, self.game_cfg.spam_divisor)
+                game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
+            return game
+        rounds = play_rounds(one, n, self.cfg.algorithm.max_rounds,  # a TP group's ranks play the same games: once
+                             lambda x: D.all_reduce_sum([x])[0] / self.cfg.rollout.vllm_tp)
+        game = merge_rounds(rounds, main=D.is_main()) if n else rounds[0]
+        if self.cfg.selfplay.search_turns_mix and turns:  # the same on every rank: a mean over ranks keeps it
+            game.stats["proposer/search_turns_mean"] = float(np.mean(turns))
+        return game
+
     def train_step(self) -> dict:
-        from inference.game import play_round, pool_clear_due, shares, signal_counts
+        from inference.game import pool_clear_due, shares
         from inference.rollout import RolloutConfig
 
         cfg, times = self.cfg, {}
@@ -340,17 +372,11 @@ class SSPTrainer:
         if self.simulated is not None:
             self.simulated.set_step(self.step)
             sim_before = dict(self.simulated.stats)
-        rows, qa = self.next_batch()
-        search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
         # --pool_clear_every: a function of the step and the checkpointed pool, so ranks and a resumed run agree
         cleared = self.pool.clear_admitted() if pool_clear_due(self.step, self.game_cfg.pool_clear_every) else 0
         with self._timer(times, "generate"):
-            game = play_round(self.llm, rows, search_fns, self.judge, self.game_cfg, rollout_cfg,
-                              pool=self.pool, step=self.step, qa_questions=qa)
+            game = self.play(rollout_cfg)
         game.stats["game/pool_cleared"] = cleared  # a count (inference.game.COUNT_KEYS): summed over ranks
-        if cfg.search.self_search_format_reward:
-            self._shape_self_search_rewards(game.trajectories, self.game_cfg.spam_divisor)
-            game.stats.update(signal_counts([t for t in game.trajectories if t.role == "solver"]))
         _fault_point("after_generate", self.step)
         self.hybrid.to_train()
         game_stats = self._reduce_game_stats(game.stats)
@@ -422,21 +448,6 @@ class SSPTrainer:
             write_jsonl_atomic(self.out / "rollouts" / f"step_{self.step + 1}.rank{self.rank}.jsonl",
                         [rollout_record(t) for t in game.trajectories])
         return metrics
-
-    @staticmethod
-    def _shape_self_search_rewards(trajs, spam_divisor: float | None = None) -> None:
-        """SSRL's shaping for self-search solvers: 0.9 * correctness + 0.1 * format, divided by
-        `spam_divisor` (GameConfig's by default) where game.score recorded a spammed answer tag,
-        so the shaping replaces the reward without dropping the spam penalty."""
-        from inference.game import GameConfig
-        from inference.self_search import format_reward, shaped_reward
-        div = GameConfig.spam_divisor if spam_divisor is None else spam_divisor
-        for t in trajs:
-            if t.role == "solver":
-                t.info["format_reward"] = fmt = format_reward(t.response_text)
-                t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
-                if t.info.get("spam"):
-                    t.reward /= div
 
     # ------------------------------------------------------------------ log-probs, advantages, update
     @torch.no_grad()
@@ -580,17 +591,6 @@ class SSPTrainer:
 
 def _all_reduce_tensor(t: torch.Tensor) -> None:
     D.all_reduce_tensor(t, "sum")  # utils.dist puts it on the backend's device (NCCL: CUDA only)
-
-
-def drop_flat_solver_groups(trajs) -> tuple[list, int]:
-    """(trajectories without the solver groups whose rewards are all equal, how many such groups).
-    A solver group lives on one rank, so this needs no collective."""
-    rewards: dict = {}
-    for t in trajs:
-        if t.role == "solver":
-            rewards.setdefault(t.group_id, set()).add(float(t.reward))
-    flat = {g for g, r in rewards.items() if len(r) == 1}
-    return [t for t in trajs if not (t.role == "solver" and t.group_id in flat)], len(flat)
 
 
 def _fault_point(where: str, step: int) -> None:

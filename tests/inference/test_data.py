@@ -1,4 +1,5 @@
-"""Row loaders: our JSONL, SSP's released proposer rows, Search-R1 eval/train rows; JSONL and parquet."""
+"""Row loaders: our JSONL, SSP's released proposer rows, Search-R1 eval/train rows; JSONL and parquet. And the
+search-count mix (--search_turns_mix) drawn over proposer rows."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from inference.data import RowError, load_eval_rows, load_proposer_rows
+from inference.data import (ProposerRow, RowError, draw_search_turns, load_eval_rows, load_proposer_rows,
+                            mix_search_turns, parse_search_turns_mix)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,3 +136,26 @@ def test_bundled_files_load():
     for name in ("capitals", "fanoutqa_multihop", "fanoutqa_singlehop"):
         ev = load_eval_rows(REPO / f"data/eval/{name}.jsonl")
         assert ev and all(r.question and r.golden_answers for r in ev)
+
+
+def test_the_search_count_mix_follows_its_weights_and_replays_by_position():
+    w = parse_search_turns_mix("4:3:2:1")
+    assert w == [4.0, 3.0, 2.0, 1.0] and parse_search_turns_mix("") == [] and parse_search_turns_mix(" ") == []
+    n = 20_000
+    draws = [draw_search_turns(w, 42, pos) for pos in range(n)]
+    for k, wk in enumerate(w, start=1):
+        p = wk / sum(w)
+        # 6 standard deviations of a binomial count: a fair draw leaves this once in ~5e8 seeds; the seed is fixed
+        assert abs(draws.count(k) - n * p) < 6 * (n * p * (1 - p)) ** 0.5, (k, draws.count(k), n * p)
+    assert set(draws) == {1, 2, 3, 4}
+    assert draws[:200] == [draw_search_turns(w, 42, pos) for pos in range(200)]        # same seed and position
+    assert draws[:200] != [draw_search_turns(w, 43, pos) for pos in range(200)]        # another seed, other draws
+    assert all(draw_search_turns([0, 1, 0], 1, pos) == 2 for pos in range(100))        # a 0 weight is never drawn
+    # clamped into [--min_searches, --max_turns - 1]: n = 1 folds into 2, n = 4 into 3
+    base = [ProposerRow(answer=f"a{i}", search_turns=2) for i in range(40)]
+    rows = mix_search_turns(base, 100, "4:3:2:1", 42, 2, 3)
+    drawn = [draw_search_turns(w, 42, 100 + i) for i in range(40)]
+    assert [r.search_turns for r in rows] == [min(max(d, 2), 3) for d in drawn] and {1, 4} <= set(drawn)
+    assert all(r.search_turns == 2 for r in base) and mix_search_turns(base, 0, "", 42, 2, 3) is base  # copies; off
+    with pytest.raises(ValueError, match="not all 0"):
+        parse_search_turns_mix("0:0")

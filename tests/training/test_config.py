@@ -60,6 +60,16 @@ def test_defaults_parse_with_existing_paths(tmp_path):
      "cannot hold a teacher sequence"),
     (["--distill", "sampled", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
      "cannot hold a teacher sequence"),
+    # dynamic sampling with refill, and the search-count mix
+    (["--min_informative_groups", "-1"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1"),
+    (["--max_rounds", "0"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1 (got 0, 0)"),
+    (["--min_informative_groups", "4", "--max_rounds", "1", "--drop_flat_solver_groups", "true"],
+     "but --max_rounds 1 allows none"),
+    (["--min_informative_groups", "4"], "add --drop_flat_solver_groups true"),
+    (["--min_informative_groups", "4", "--drop_flat_solver_groups", "true", "--solver_enable", "false"],
+     "which carry no loss with --solver_enable false"),
+    (["--search_turns_mix", "4:x"], "--search_turns_mix '4:x': expected weights of n = 1, 2, ..."),
+    (["--search_turns_mix", "0:0"], "weights must be finite, >= 0 and not all 0"),
 ])
 def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
     with pytest.raises(ConfigError) as e:
@@ -305,6 +315,18 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
     from inference.game import GameConfig   # the game's own default is "auto" too, resolved by the same rule
     assert GameConfig(rag_verifier=rag).proposer_reward == want
     assert GameConfig(rag_verifier=rag, proposer_reward="1-acc").proposer_reward == "1-acc"
+
+
+def test_refill_and_the_search_count_mix_pass_when_complete(tmp_path):
+    cfg = parse_config(_ok_paths(tmp_path) + ["--min_informative_groups", "8", "--max_rounds", "3",
+                                              "--drop_flat_solver_groups", "true", "--search_turns_mix", "4:3:2:1",
+                                              "--searches_at_least_n", "true"])
+    assert (cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds) == (8, 3)
+    assert cfg.selfplay.search_turns_mix == "4:3:2:1" and cfg.selfplay.searches_at_least_n
+    # off by default: one round a step, each row its own n, --min_searches for every question
+    d = parse_config(_ok_paths(tmp_path))
+    assert (d.algorithm.min_informative_groups, d.selfplay.search_turns_mix, d.selfplay.searches_at_least_n) == (0, "", False)
+    parse_config(_ok_paths(tmp_path) + ["--max_rounds", "1"])            # R without N: nothing to refuse
 
 
 def test_search_counts_are_clamped_into_what_the_game_accepts():

@@ -305,7 +305,7 @@ def test_topk_self_distillation_reports_its_kl_and_leaves_the_advantages(runs):
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
     from types import SimpleNamespace as T
 
-    from training.trainer import drop_flat_solver_groups
+    from training.rounds import drop_flat_solver_groups
     trajs = [T(role="solver", group_id="a", reward=r) for r in (1.0, 0.0)]      # mixed: kept
     trajs += [T(role="solver", group_id="b", reward=r) for r in (1.0, 1.0)]     # all right: dropped
     trajs += [T(role="solver", group_id="c", reward=r) for r in (0.0, 0.0)]     # all wrong: dropped
@@ -317,8 +317,8 @@ def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
 def test_self_search_shaping_rewrites_the_solver_rewards_the_loss_reads():
     """The trainer's SSRL shaping sets each solver trajectory's reward to 0.9 * correct + 0.1 * format
     (a well-formed wrong answer earns 0.1, a malformed right one 0.9); proposer rewards are left alone."""
+    from inference.self_search import shape_solver_rewards
     from inference.trajectory import Trajectory
-    from training.trainer import SSPTrainer
 
     good = "<think>look it up</think><search>capital of France</search><information>Paris is the capital." \
            "</information><think>so</think><answer>Paris</answer>"
@@ -327,7 +327,7 @@ def test_self_search_shaping_rewrites_the_solver_rewards_the_loss_reads():
                           response_text=text, reward=reward, info={"correct": correct})
     trajs = [traj("solver", good, 0.0, 0.0), traj("solver", "Paris", 1.0, 1.0), traj("solver", good, 1.0, 1.0),
              traj("proposer", good, 0.0, -1.0)]
-    SSPTrainer._shape_self_search_rewards(trajs)
+    shape_solver_rewards(trajs)
     assert [t.reward for t in trajs] == pytest.approx([0.1, 0.9, 1.0, -1.0])
     assert [t.info.get("format_reward") for t in trajs] == [1.0, 0.0, 1.0, None]
 
@@ -338,8 +338,8 @@ def test_self_search_shaping_keeps_the_spam_penalty():
     right answer earns (0.9 + 0.1 * format) / 4, not 0.9."""
     from inference.game import GameConfig
     from inference.rewards import is_answer_spam
+    from inference.self_search import shape_solver_rewards
     from inference.trajectory import Trajectory
-    from training.trainer import SSPTrainer
 
     clean = "<think>so</think><answer>Paris</answer>"
     spammed = "<think>so</think><answer><answer>Paris</answer>"
@@ -348,11 +348,11 @@ def test_self_search_shaping_keeps_the_spam_penalty():
         return Trajectory("solver", "g", [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question="q", answer="Paris",
                           response_text=text, reward=1.0, info={"correct": correct, "spam": is_answer_spam(text)})
     trajs = [traj(spammed, 1.0), traj(clean, 1.0), traj(spammed, 0.0)]
-    SSPTrainer._shape_self_search_rewards(trajs)
+    shape_solver_rewards(trajs)
     fmt = [t.info["format_reward"] for t in trajs]
     assert fmt == [0.0, 1.0, 0.0]
     assert GameConfig.spam_divisor == 4.0
     assert [t.reward for t in trajs] == pytest.approx([0.9 / 4, 1.0, 0.0])
     trajs = [traj(spammed, 1.0)]
-    SSPTrainer._shape_self_search_rewards(trajs, spam_divisor=2.0)     # the run's GameConfig divisor is honoured
+    shape_solver_rewards(trajs, spam_divisor=2.0)     # the run's GameConfig divisor is honoured
     assert trajs[0].reward == pytest.approx(0.9 / 2)

@@ -1,12 +1,12 @@
 """The update path under ZeRO-3 over gloo, against plain torch on the whole batch.
 
 tests/training/update_worker.py runs under torchrun twice, shared by the tests of this module
-(torchrun_worker_once): 1 rank runs the main phases then the PPO-epochs one, 2 ranks the main phases then
-the negative control (the bypassed forward, installed after them). The reference is an
-independent computation: eager attention on each unpacked sequence, full-vocabulary log-softmax and
-the published clipped-surrogate formula, not our packing, chunked head or loss function. So a bug
-that two runs of our own code share (the lost micro-batch gradients that rank-invariance and
-exact-resume tests passed over) shows here.
+(torchrun_worker_once): 1 rank runs the main phases then the PPO-epochs one, 2 ranks the main phases, the
+uneven one (unequal informative groups per rank, as refill leaves them) and then the negative control (the
+bypassed forward, installed after them). The reference is an independent computation: eager attention on
+each unpacked sequence, full-vocabulary log-softmax and the published clipped-surrogate formula, not our
+packing, chunked head or loss function. So a bug that two runs of our own code share (the lost micro-batch
+gradients that rank-invariance and exact-resume tests passed over) shows here.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 # one launch per world size: the phases it runs, in order (update_worker.py's docstring)
-LAUNCH = {1: ("--phases=main,epochs",), 2: ("--phases=main,bypass", "--bypass=forward")}
+LAUNCH = {1: ("--phases=main,epochs",), 2: ("--phases=main,uneven,bypass", "--bypass=forward")}
 
 
 @pytest.fixture
@@ -43,6 +43,23 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(launch, world):
     # ... and the next step is exactly the whole batch's SGD step: the dropped gradient did not leak into it
     assert res["after_nan_skipped"] == 0 and res["after_nan_moved"] > 1e-4, res
     assert res["after_nan_rel_err"] < 1e-4, res
+
+
+def test_ranks_with_unequal_informative_groups_train_on_the_whole_batch_without_a_hang(launch):
+    """Dynamic sampling with refill (training/rounds.py) leaves ranks with unequal informative solver groups once
+    the flat ones are dropped: rank 0 3 of 5, rank 1 1 of 5, then none. The trainer's path (drop, GRPO
+    advantages, ppo_update under ZeRO-3) must still call the same collectives on both ranks (the launch would
+    hang otherwise) and move the weights by exactly the SGD step of the whole batch of informative groups."""
+    res = launch(2)["uneven"]
+    one, none = res["3+1"], res["3+0"]
+    assert (one["rank0"]["informative"], one["rank0"]["flat"], one["rank1"]["informative"], one["rank1"]["flat"]) \
+        == (3, 2, 1, 4), one
+    assert (none["rank1"]["informative"], none["rank1"]["real_micro_batches"], none["batch_groups"]) == (0, 0, 3), none
+    for case in (one, none):
+        r0, r1 = case["rank0"], case["rank1"]
+        assert r0["micro_batches"] == r1["micro_batches"] and r1["real_micro_batches"] < r0["real_micro_batches"], case
+        assert case["optimizer_steps"] == 1 and case["skipped"] == 0, case
+        assert case["sgd_rel_err"] < 1e-4, case                # main's sgd bound (measured 2.8e-5, 2.3e-5)
 
 
 def test_the_check_catches_a_forward_that_bypasses_the_engine(launch):

@@ -2,10 +2,10 @@
 against plain torch on the whole batch (an independent reference, not another run of our code).
 
     torchrun --nproc_per_node {1,2} tests/training/update_worker.py MODEL_DIR OUT.json
-        [--phases=main[,bypass][,epochs]] [--bypass=forward|scale]
+        [--phases=main[,uneven][,bypass][,epochs]] [--bypass=forward|scale]
 
 OUT.json holds one sub-dict per phase run, in this order ({"main": {...}, "bypass": {...}, ...}).
-test_update.py launches twice: 1 rank with --phases=main,epochs, 2 ranks with --phases=main,bypass
+test_update.py launches twice: 1 rank with --phases=main,epochs, 2 ranks with --phases=main,uneven,bypass
 --bypass=forward.
 
 main (the default) runs these, each at weights gathered from the engine so the reference sees exactly
@@ -17,6 +17,11 @@ the same model:
   nan       a NaN advantage on the last rank only: every rank skips that optimizer step, and the next
             step is exactly the whole batch's SGD step again (no stale gradient leaks into it)
 
+uneven      2 ranks, the shape of a step that dynamic sampling with refill (training/rounds.py) leaves: 5
+            solver groups of 3 per rank, rank 0 with 3 informative and 2 flat, rank 1 with 1 informative and 4
+            flat; then rank 1 with none at all. The trainer's path (drop_flat_solver_groups, role_advantages,
+            ppo_update with plain SGD) on each rank's groups moves the weights by -lr * g, g the gradient of
+            the whole batch of informative groups in plain torch (GRPO advantages by hand), without a hang.
 bypass      a negative control, after main: installs the --bypass (default forward) in training.update,
             then runs main's phases again from the engine's current weights (the reference re-synced to
             them): --bypass=forward runs the forward through engine.module (the code before the fix),
@@ -153,7 +158,63 @@ def epochs_phase(engine, ref, base, cfg) -> dict:
     return res
 
 
-PHASES = ("main", "bypass", "epochs")
+PHASES = ("main", "uneven", "bypass", "epochs")
+# rewards of each rank's 5 solver groups of 3: flat ones (all equal) are dropped before the update
+UNEVEN = {"3+1": [[[1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [0, 1, 1]],
+                  [[0, 0, 0], [1, 1, 1], [0, 1, 0], [1, 1, 1], [0, 0, 0]]],
+          "3+0": [[[0, 1, 0], [0, 0, 0], [1, 0, 1], [1, 1, 1], [1, 0, 0]],
+                  [[1, 1, 1], [0, 0, 0], [0, 0, 0], [1, 1, 1], [0, 0, 0]]]}
+
+
+def uneven_phase(engine, ref, rank: int, world: int) -> dict:
+    """The uneven phase (module docstring): per case of UNEVEN, the SGD step's error against plain torch,
+    and each rank's informative groups and real / equalised micro-batches."""
+    from training.advantages import role_advantages
+    from training.rounds import drop_flat_solver_groups
+    from training.trainer import _all_reduce_tensor
+    from training.update import pack_equal, ppo_update
+
+    assert world == 2, "the uneven phase needs 2 ranks"
+    algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0, solver_estimator="grpo")
+    res: dict = {}
+    for case, per_rank in UNEVEN.items():
+        g = torch.Generator().manual_seed(5)
+        trajs = []   # every rank builds both ranks' groups (the same on each), then keeps its own
+        for r, groups in enumerate(per_rank):
+            for j, rewards in enumerate(groups):
+                for reward in rewards:
+                    n = int(torch.randint(24, 56, (1,), generator=g))
+                    mask = [0] * 6 + [1] * (n - 6)
+                    trajs.append((r, Trajectory(role="solver", group_id=f"s0-q{j}", token_ids=torch.randint(
+                        0, ref.config.vocab_size, (n,), generator=g).tolist(), loss_mask=mask, logprobs=[0.0] * n,
+                        reward=float(reward))))
+        w_before = sync_reference(engine, ref)
+        with torch.no_grad():
+            old_of = {id(t): reference_logprobs(ref, t) + 0.3 * torch.randn(len(t.token_ids), generator=g)
+                      for _, t in trajs}
+        # the trainer's path on this rank's groups
+        mine, n_flat = drop_flat_solver_groups([t for r, t in trajs if r == rank])
+        adv, _, _ = role_advantages(mine, algo, all_reduce=_all_reduce_tensor)
+        old = [old_of[id(t)] for t in mine]
+        mbs, n_real = pack_equal(mine, 64)
+        _, n_steps, n_skipped = ppo_update(engine, mine, adv, old, None, algo, temperature=1.0, micro_token_budget=64)
+        w_after = gathered(engine)
+        # the reference: every rank's informative groups as one batch, GRPO advantages by hand
+        batch = [(r, t) for r, t in trajs if len({u.reward for q, u in trajs if q == r and u.group_id == t.group_id}) > 1]
+        adv_ref = []
+        for r, t in batch:
+            rs = torch.tensor([u.reward for q, u in batch if q == r and u.group_id == t.group_id], dtype=torch.float64)
+            adv_ref.append(float((t.reward - rs.mean()) / (rs.std() + 1e-6)))
+        loss, _ = reference_pg_loss(ref, [t for _, t in batch], adv_ref, [old_of[id(t)] for _, t in batch])
+        loss.backward()
+        expected = {k: -LR * p.grad for k, p in ref.named_parameters()}
+        res[case] = {"sgd_rel_err": rel_err({k: w_after[k] - w_before[k] for k in w_before}, expected),
+                     "optimizer_steps": n_steps, "skipped": n_skipped, "batch_groups": len(batch) // 3,
+                     f"rank{rank}": {"informative": len({t.group_id for t in mine}), "flat": n_flat,
+                                     "real_micro_batches": n_real, "micro_batches": len(mbs)}}
+        engine.optimizer.zero_grad()
+        res[case].update({f"rank{r}": f for r, f in enumerate(D.all_gather_object(res[case][f"rank{rank}"]))})
+    return res
 
 
 def install_bypass(bypass: str) -> None:
@@ -308,6 +369,8 @@ def main() -> None:
     for phase in phases:
         if phase == "main":
             res["main"] = update_phases(engine, ref, trajs, rank, world, "")
+        elif phase == "uneven":
+            res["uneven"] = uneven_phase(engine, ref, rank, world)
         elif phase == "bypass":
             install_bypass(bypass)
             res["bypass"] = update_phases(engine, ref, trajs, rank, world, bypass)

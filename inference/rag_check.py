@@ -1,0 +1,159 @@
+"""The RAG check of the self-play game: is a proposer's question answerable from the documents its own searches
+returned, shuffled with other trajectories' as distractors? SSP asks a judge LLM (rag_prompt: documents cut to
+GameConfig.rag_max_doc_chars); the policy verifier instead reads the solver's own prompt with search turns that
+return exactly what the proposer's searches showed, cut to --max_info_tokens as a rollout cuts them (solver_view),
+so it sees no more than a solver that searched well would (issue 31). inference/game.py's validate() calls
+rag_check on the questions the cheap filters let through."""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from inference.judge import Judge, JudgeItem
+from inference.prompts import build_solver_prompt, format_docs
+from inference.rewards import extract_answer
+from inference.trajectory import Trajectory
+from utils.text import exact_match
+
+if TYPE_CHECKING:
+    from inference.game import GameConfig
+
+RAG_INSTRUCTION = (
+    "Answer the question using only the documents below. Give just the short answer inside "
+    "<answer> and </answer>.\n\n"
+    "Example:\nDocuments:\nDoc 1 (Title: Eiffel Tower) The Eiffel Tower in Paris was designed by the engineering "
+    "company of Gustave Eiffel.\nQuestion: Whose company designed the landmark tower in Paris?\n"
+    "<answer> Gustave Eiffel </answer>\n\n"
+    "Documents:\n{docs}Question: {question}\n"
+)
+
+
+def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
+    seen, out = set(), []
+    for call in docs:
+        for d in call:
+            key = d.get("id") or d.get("contents")
+            if key not in seen and str(d.get("contents", "")).strip():
+                seen.add(key)
+                out.append(d)
+    return out
+
+
+def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: GameConfig, rng: random.Random,
+               fits: Callable[[str], bool] = lambda s: True) -> str:
+    """The RAG-check user message: own docs always, distractors while they fit, all in shuffled order.
+
+    Over budget, distractors go first; then every document is shortened, halving until it fits.
+    """
+    own_ids = {d.get("id") for d in own}
+    extra = [d for d in distractors if d.get("id") not in own_ids]
+    doc_chars = cfg.rag_max_doc_chars
+    while True:
+        chosen = [{**d, "contents": str(d.get("contents", ""))[:doc_chars]} for d in own]
+        budget = cfg.rag_max_context_chars - sum(len(d["contents"]) for d in chosen)
+        for d in extra:
+            d = {**d, "contents": str(d.get("contents", ""))[:doc_chars]}
+            if len(d["contents"]) <= budget:
+                chosen.append(d)
+                budget -= len(d["contents"])
+        rng.shuffle(chosen)
+        text = RAG_INSTRUCTION.format(docs=format_docs(chosen), question=question.strip())
+        if (budget >= 0 and fits(text)) or doc_chars <= 50:
+            return text
+        if extra:
+            extra = []
+        else:
+            doc_chars //= 2
+
+
+def _rag_answer_text(reply: str | None) -> str | None:
+    if reply is None:
+        return None
+    ans = extract_answer(reply)
+    if ans is None:  # a verifier that ignored the tags: take its first non-empty line
+        lines = [ln.strip() for ln in reply.replace("<answer>", "").splitlines() if ln.strip()]
+        ans = lines[0] if lines else ""
+    return ans
+
+
+def _searches(t: Trajectory) -> list[tuple[str, list[dict]]]:
+    """A trajectory's (query, documents) pairs, in the order it searched."""
+    return [(str(q), list(d or [])) for q, d in zip(t.info.get("queries") or [], t.info.get("docs") or [])]
+
+def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], distractors: list[tuple[str, list[dict]]],
+                template: str, max_info_tokens: int, limit: int, rng: random.Random) -> list[int]:
+    """The policy verifier's prompt: the solver's own prompt for `question`, then search turns that return exactly
+    what the proposer's searches showed, each <information> block cut to max_info_tokens as a rollout cuts it, and
+    the distractors' searches shuffled in among them. It reads what a solver that searched well would read, in the
+    solver's own format, so a question passes only when those blocks answer it. Distractors are dropped, last
+    first, while the prompt is over `limit` tokens; the proposer's own searches always stay."""
+    from inference.rollout import _info_tokens
+
+    def ids(searches: list[tuple[str, list[dict]]]) -> list[int]:
+        out = build_solver_prompt(tok, question, template)
+        for q, docs in searches:
+            out += tok(f"<search> {q} </search>", add_special_tokens=False)["input_ids"]
+            out += _info_tokens(tok, format_docs(docs), max_info_tokens)
+        return out
+
+    order = [("own", s) for s in own] + [("other", s) for s in distractors]
+    rng.shuffle(order)
+    while True:
+        got = ids([s for _, s in order])
+        others = [k for k, (who, _) in enumerate(order) if who == "other"]
+        if len(got) < limit or not others:
+            return got
+        del order[others[-1]]
+
+def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
+              rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
+    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
+    (the verifier gave no reply, or the judge failed on a non-exact-match answer).
+
+    Distractors come from trajectories of *other* proposer prompts (info["meta"]["row"]): the
+    G_p samples of one prompt search around the same answer, so their documents would help.
+    The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
+    exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
+    """
+    if not candidates:
+        return {}
+    prompts = []
+    for i in candidates:
+        row = props[i].info["meta"]["row"]
+        others = [j for j, t in enumerate(props) if t.info["meta"]["row"] != row and _flat_docs(t.info.get("docs", []))]
+        picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
+        prompts.append((i, picked))
+
+    if cfg.rag_verifier == "policy":
+        from inference.engines import SamplingConfig
+
+        tok = engine.tokenizer
+        limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
+        views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],
+                             cfg.template, max_info_tokens, limit, rng) for i, picked in prompts]
+        outs = engine.generate(views, SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
+        replies: list[str | None] = [o.text for o in outs]
+    else:
+        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]),
+                            [d for j in picked for d in _flat_docs(props[j].info["docs"])], cfg, rng)
+                 for i, picked in prompts]
+        replies = judge.chat_many([[{"role": "user", "content": t}] for t in texts], max_tokens=cfg.rag_max_tokens)
+
+    verdict: dict[int, bool | None] = {}
+    ask = []
+    for (i, _), reply in zip(prompts, replies):
+        pred = _rag_answer_text(reply)
+        props[i].info["rag_answer"] = pred
+        if pred is None:
+            verdict[i] = None
+        elif exact_match(pred, props[i].answer):
+            verdict[i] = True
+        else:
+            ask.append((i, pred))
+    results = judge.judge_many([JudgeItem(props[i].question, props[i].answer, p) for i, p in ask])
+    for (i, _), res in zip(ask, results):
+        # A judge that is down decides nothing: "wrong" would give the proposer the invalid penalty
+        # for an outage. Undecided passes unchecked, and mark_excluded leaves the proposer group out.
+        verdict[i] = None if res.judge_failed else res.correct
+    return verdict
