@@ -170,7 +170,10 @@ def name_demos(pages: Sequence[dict], retriever: Any, tok: Any, proto: Protocol,
         if kn is None:
             stats["proposer name: searching the answer misses its page"] += 1
             continue
-        t2 = fit_turn(tok, lambda w: _name_think(kn, p["title"], first, name, w) + f"<search> {clue_query(clue)} </search>"
+        # the proposer's thought quotes the page's first sentence and no more: a thought that names the page
+        # ("Doc 1 is about X") was followed by a second search for X itself (an SFT start searched its answer twice
+        # in 1 of 4 rollouts, which the game refuses as too few distinct searches)
+        t2 = fit_turn(tok, lambda w: f"<think> {quote(first, name, w)} </think>\n<search> {clue_query(clue)} </search>"
                       if _shown(tok, dn, proto, quote(first, name, w)) else None,
                       proto.max_tokens_per_turn, QUOTE_WORDS)
         t3 = f"<question> {question} </question>"

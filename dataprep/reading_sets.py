@@ -142,7 +142,7 @@ class Built:
 
 def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_train: dict[str, list[dict]],
           old_demos: list[dict], seed: int = 0, reading_n: int = 330, twohop_n: int = 150, proto: Protocol = Protocol(),
-          title_rows: int = 250, mix_demos: int = 800) -> Built:
+          title_rows: int = 250, mix_demos: int = 960) -> Built:
     """proto: the rollout protocol (and the game's question filter) every demo must fit, dataprep/protocol.py."""
     rng = random.Random(seed)
     stats: Counter = Counter()
@@ -272,7 +272,9 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
                   and not old_idx.overlaps({"question": "", "answer": [strip_parens(p["title"]), p["title"]]})
                   and not new_idx.overlaps({"question": "", "answer": [strip_parens(p["title"]), p["title"]]})]
     rng.shuffle(name_pages)
-    n_prop, n_name = mix_demos // 4, mix_demos // 8
+    # a proposer turn is the harder one to learn (it picks what to ask, then asks it): 35% of the mix, half of each
+    # kind; an SFT start with 25% (120 fact, 80 name) wrote a valid question in 1 of 80 rollouts
+    n_prop, n_name = 7 * mix_demos // 20, 3 * mix_demos // 32
     half = len(name_pages) // 2
     name_sol = name_demos(name_pages[:min(half, 3 * n_name)], retriever, tok, proto, fcfg, stats, "solver")
     name_prop = name_demos(name_pages[half:half + 3 * n_prop], retriever, tok, proto, fcfg, stats, "proposer")
@@ -280,9 +282,9 @@ def build(pages: list[dict], tok: Any, retriever: Any, old_eval: list[Any], old_
 
     read_d = [d for d in demos if d["source"] == "reading"]
     two_d = [d for d in demos if d["source"] == "twohop"]
-    n_two = min(len(two_d) * CHAIN_DEMO_COPIES, 3 * mix_demos // 20)
+    n_two = min(len(two_d) * CHAIN_DEMO_COPIES, mix_demos // 10)
     two_d = [d for _ in range(CHAIN_DEMO_COPIES) for d in two_d]  # each chain once before any twice
-    n_fact = min(len(fact_prop), 3 * n_prop // 5)
+    n_fact = min(len(fact_prop), n_prop // 2)
     props = fact_prop[:n_fact] + name_prop[:n_prop - n_fact]
     n_title, n_name = min(len(title_d), n_name), min(len(name_sol), n_name)
     n_read = min(len(read_d), mix_demos - n_two - len(props) - n_title - n_name)
@@ -344,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     add_protocol_args(p)   # the rollout protocol every demo must fit: keep it the RL and eval flags
     p.add_argument("--reading_n", type=int, default=330, help="held-out reading questions (one per entity)")
     p.add_argument("--twohop_n", type=int, default=150, help="held-out two-hop questions (at least)")
+    p.add_argument("--mix_demos", type=int, default=960, help="demos in the cold-start mix (coldstart_mix.jsonl)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--force", action="store_true", help="rebuild even if every output exists")
     a = p.parse_args(argv)
@@ -373,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     b = build(read_corpus(a.corpus), AutoTokenizer.from_pretrained(a.tokenizer), load_retriever(a.index),
               load_eval_files(old_eval_files),
               {"proposer": read_jsonl(data / "train" / "proposer.jsonl"), "solver_qa": read_jsonl(data / "train" / "solver_qa.jsonl")},
-              read_jsonl(data / "train" / "coldstart.jsonl"), a.seed, a.reading_n, a.twohop_n, proto)
+              read_jsonl(data / "train" / "coldstart.jsonl"), a.seed, a.reading_n, a.twohop_n, proto, mix_demos=a.mix_demos)
     if len(b.reading_heldout) < a.reading_n or len(b.twohop_heldout) < a.twohop_n:
         print(f"reading sets: only {len(b.reading_heldout)} reading / {len(b.twohop_heldout)} two-hop held-out questions "
               f"(asked for {a.reading_n} / {a.twohop_n})", file=sys.stderr)

@@ -26,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SFT_DIR=${1:?usage: bash scripts/sft_coldstart.sh SFT_DIR   (the HF export lands in SFT_DIR/hf)}
-SFT_DEMOS=${SFT_DEMOS:-640}
+SFT_DEMOS=${SFT_DEMOS:-960}
 SFT_BATCH=${SFT_BATCH:-32}
 SFT_LR=${SFT_LR:-2e-4}
 SFT_TOP_LAYERS=${SFT_TOP_LAYERS:-12}

@@ -8,6 +8,7 @@ real BM25 index and the real SmolLM2 tokenizer (the visibility cut depends on it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -199,7 +200,9 @@ def test_proposer_demos_search_the_answer_then_what_a_solver_would(built, tok):
         m = [t["text"] for t in d["turns"] if t["kind"] == "model"]
         info = [t["docs"] for t in d["turns"] if t["kind"] == "info"]
         assert len(m) == 3 and d["n_searches"] == 2 and m[0] == f"<search> {d['answer']} </search>"
-        quoted = m[1].split("</think>")[0].split(": ", 1)[1].strip()
+        quoted = re.sub(r"^<think> (Doc \d+: )?", "", m[1].split(" </think>")[0]).strip()
+        if d["source"] == "proposer_name":   # the thought quotes and no more: naming the page led to searching it again
+            assert not quoted.startswith("Doc ") and d["answer"] not in m[1].split("<search>")[1]
         shown = " ".join(block_text(tok, info[0], Protocol()).split())
         assert all(" ".join(p.split()) in shown for p in quoted.split("...") if p.strip()), (quoted, shown)
         assert d["answer"] in quoted or d["source"] == "proposer_name"
@@ -232,7 +235,7 @@ def test_few_chains_are_repeated_to_their_share_of_the_mix(built):
     two = [d for d in built.demos if d["source"] == "twohop"]
     per_chain = Counter(d["question"] for d in two)
     assert per_chain and max(per_chain.values()) <= CHAIN_DEMO_COPIES
-    assert len(two) == min(len(per_chain) * CHAIN_DEMO_COPIES, 3 * 40 // 20)   # mix_demos=40: 15% is 6
+    assert len(two) == min(len(per_chain) * CHAIN_DEMO_COPIES, 40 // 10)   # mix_demos=40: a tenth is 4
     assert max(per_chain.values()) - min(per_chain.values()) <= 1      # every chain once before any twice
 
 
