@@ -35,8 +35,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/demo_cpu}
 SFT_DIR=${SFT_DIR:-$OUT/sft}   # several runs may share one (the learning proof's runs/learning_proof/sft is the same recipe)
-export SFT_DEMOS=${SFT_DEMOS:-640}   # cold-start demonstrations, the learning proof's count (32 per SFT step,
-                                     # ~18 s a step on 2 AMX cores; after 320, 2 of 24 proposer questions were valid)
+export SFT_DEMOS=${SFT_DEMOS:-960}   # cold-start demonstrations, the learning proof's count: the whole mix
+                                     # (32 per SFT step, ~25 s a step on 2 AMX cores)
 export SFT_BATCH=${SFT_BATCH:-32}
 STEPS=${STEPS:-6}              # total SSP steps; the first leg runs half of them
 PROMPTS=${PROMPTS:-8}          # proposer prompts per SSP step (4 per rank), 4 solver samples per question

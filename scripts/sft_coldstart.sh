@@ -19,7 +19,7 @@
 # SFT_MAX_TOKENS_PER_TURN (64), SFT_MAX_INFO_TOKENS (160), SFT_MIN_SEARCHES (2) and SFT_MIN_QUESTION_WORDS (4)
 # are the RL and eval flags of the same names (the ladder's and the demo's); the mix records the protocol
 # it was built for (data/train/coldstart_mix.jsonl.protocol.json) and is rebuilt when they differ.
-# Knobs (environment): SFT_DEMOS (640), SFT_BATCH (32 demos per optimizer step), SFT_LR (2e-4, cosine,
+# Knobs (environment): SFT_DEMOS (960: the whole mix), SFT_BATCH (32 demos per optimizer step), SFT_LR (2e-4, cosine,
 # 1 warm-up step), SFT_TOP_LAYERS (12 of SmolLM2's 30 trained), SFT_THREADS (torch threads, default: all cores), BASE_MODEL,
 # COLDSTART (the demos file), DTYPE (bf16 or fp32; default: measured by python -m utils.cpu_dtype, bf16 only
 # where its GEMMs are clearly faster: ~4x on AMX Xeons, no faster on AVX2-only EPYCs; docs/PLATFORM_NOTES.md, CPU dtype).
