@@ -37,7 +37,7 @@ def test_shares_are_of_summed_counts(tmp_path, monkeypatch):
     assert s["recipe"].startswith("rag policy, 1-acc, penalty 0.0")
     assert game_report.main(["--run", f"x={tmp_path / 'r'}", "--section", "g", "--note", "why"]) == 0
     keys = json.loads((tmp_path / "results.json").read_text())
-    assert keys["g.x"]["valid_rate"] == pytest.approx(5 / 12) and keys["g.x"]["valid_doc1_title"] is None
+    assert keys["g.x"]["valid_rate"] == pytest.approx(5 / 12) and keys["g.x"]["valid_one_search"] is None   # nothing probed: no value, not 0
     md = (tmp_path / "RESULTS.md").read_text()
     assert "## g" in md and "why" in md and "| x | rag policy" in md and "| 0.42 |" in md
     with pytest.raises(SystemExit):
