@@ -29,7 +29,8 @@
 # then deletes that run's checkpoints and starts over) or pick a new OUT; to redo the SFT, delete $OUT/sft.
 # The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale: the measured dtype,
 # top layers trained, the same rollout protocol for SFT rendering, RL and eval, vLLM's log-probs as
-# the old log-probs. The rollout protocol: 3 turns (so at most 2 searches, and --min_searches 2), 64
+# the old log-probs, and the learning proof's game (the RAG check on the policy, 1-acc with penalty -1,
+# --min_searches 1, the pool's solve-rate window). The rollout protocol: 3 turns (at most 2 searches), 64
 # new tokens per turn, 1024 tokens in all, documents cut to 160 tokens.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -103,7 +104,8 @@ PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_to
 TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl
-  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 2 --min_question_words 4 --rag_verify off
+  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 1 --min_question_words 4 --rag_verify policy
+  --proposer_reward 1-acc --format_penalty -1 --pool_min_solve_rate 0.01 --pool_max_solve_rate 0.99
   --proposer_estimator reinforce++ --solver_estimator grpo
   "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1

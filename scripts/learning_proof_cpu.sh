@@ -42,9 +42,12 @@
 #   --old_logprobs rollout: vLLM's log-probs serve as the ratio's old log-probs (saves a forward; the
 #   actor re-scores a sample each step for actor/rollout_lp_gap). --ppo_mini_batches 2: two optimizer steps
 #   per batch, so the ratio leaves 1 and clipping acts (veRL/SSP mini-batches; generation is the costly part).
-#   Rung 2: 3 turns allow 2 searches, so --min_searches 2 and every proposer row asks for n = 2; no RAG
-#   check without a judge, so the proposer is paid 4s(1-s) (--proposer_reward auto), never for a question
-#   nobody can answer.
+#   Rung 2 (issue 31): 3 turns allow 2 searches and every proposer row asks for n = 2; the RAG check runs on
+#   the policy, reading what a solver's searches would show (--rag_verify policy), so the proposer is paid
+#   SSP's 1-acc for answerable questions, -1 for an invalid one; one search is enough (--min_searches 1:
+#   the SFT proposer searched its own answer twice in 1 of 4 rollouts, which 2 refuses); the pool keeps
+#   questions some but not all solvers answered. Each setting and what it did: bench/RESULTS.md,
+#   section learning_game_settings.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_proof}
@@ -63,9 +66,12 @@ QA_PROMPTS=${QA_PROMPTS:-8}    # rung 1: fixed QA questions per step
 PROMPTS=${PROMPTS:-8}          # rung 2: proposer prompts per step
 SOLVER_N=${SOLVER_N:-8}        # G_s, both rungs
 MINI=${MINI:-2}                # --ppo_mini_batches
-FORMAT_PENALTY=${FORMAT_PENALTY:--1}
-RAG_VERIFY=${RAG_VERIFY:-policy}          # rung 2: the RAG check (policy: the solver's own view, inference/game.solver_view)
-PROPOSER_REWARD=${PROPOSER_REWARD:-auto}  # rung 2: auto = 1-acc with a RAG check, 4s(1-s) without
+# Rung 2's game (issue 31; each setting tried on the training games, bench/RESULTS.md section learning_game_settings):
+FORMAT_PENALTY=${FORMAT_PENALTY:--1}      # an invalid question below every valid one (SSP ships 0)
+RAG_VERIFY=${RAG_VERIFY:-policy}          # the RAG check reads the solver's own view (inference/rag_check.solver_view)
+PROPOSER_REWARD=${PROPOSER_REWARD:-1-acc} # SSP's: with the RAG check, the harder an answerable question the better
+MIN_SEARCHES=${MIN_SEARCHES:-1}           # SSP needs 2; the SFT proposer searched its answer twice in 1 of 4 rollouts
+POOL_SOLVE=${POOL_SOLVE:-"0.01 0.99"}     # the pool admits questions some but not all solvers answered
 SSP_EXTRA=${SSP_EXTRA:-}                  # rung 2 (and 3): more train.py flags, e.g. a lever tried on the dev split
 PASSK=${PASSK:-8}
 PASSK_LIMIT=${PASSK_LIMIT:-30}
@@ -144,9 +150,10 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --ppo_mini_batches "$MINI"
   --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5 --dump_rollouts true)
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
-SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches 2 --min_question_words 4
-  --rag_verify "$RAG_VERIFY" --proposer_reward "$PROPOSER_REWARD" --format_penalty "$FORMAT_PENALTY"
-  --proposer_estimator reinforce++ $SSP_EXTRA)
+read -r POOL_MIN POOL_MAX <<< "$POOL_SOLVE"
+SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches "$MIN_SEARCHES"
+  --min_question_words 4 --rag_verify "$RAG_VERIFY" --proposer_reward "$PROPOSER_REWARD" --format_penalty "$FORMAT_PENALTY"
+  --pool_min_solve_rate "$POOL_MIN" --pool_max_solve_rate "$POOL_MAX" --proposer_estimator reinforce++ $SSP_EXTRA)
 GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
   --critic_gradient_checkpointing false)
 DISTILL_ARGS=("${SSP_ARGS[@]}" --distill sampled --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")

@@ -18,7 +18,7 @@ FLAGS = {"--max_turns": "max_turns", "--max_tokens_per_turn": "max_tokens_per_tu
 def script_protocol(script: str | Path) -> Protocol:
     """The protocol of a training script's RL run at its defaults: each flag's first value in the script,
     a "$VAR" replaced by the script's `VAR=${VAR:-default}`. A flag the script never passes is an error."""
-    text = Path(script).read_text()
+    text = "\n".join(line for line in Path(script).read_text().splitlines() if not line.lstrip().startswith("#"))
     defaults = dict(re.findall(r"^\s*([A-Z_]+)=\$\{\1:-([^}]*)\}", text, re.M))
     got = {}
     for flag, field in FLAGS.items():

@@ -44,9 +44,15 @@ def test_demo_trains_from_the_sft_export_with_the_learning_proof_protocol():
     assert '--model_path "$SFT_DIR/hf"' in demo
     proto = re.compile(r"^PROTO=\((.*)\)$", re.M)
     assert proto.search(demo).group(1) == proto.search(proof).group(1)
-    for flag in ('--dtype "$DTYPE"', "--train_top_layers 8", "--min_searches 2", "--old_logprobs rollout",
-                 '"${PROTO[@]}"'):
+    for flag in ('--dtype "$DTYPE"', "--train_top_layers 8", "--old_logprobs rollout", '"${PROTO[@]}"'):
         assert flag in demo and flag in proof, flag
+    # the same game: the demo spells out the ladder's defaults (issue 31)
+    from tests.recipe_protocol import script_protocol
+    assert script_protocol(DEMO) == script_protocol(PROOF)
+    for flag, var in (("--rag_verify", "RAG_VERIFY"), ("--proposer_reward", "PROPOSER_REWARD"),
+                      ("--format_penalty", "FORMAT_PENALTY")):
+        default = re.search(rf"^{var}=\$\{{{var}:-([^}}]*)\}}", proof, re.M).group(1)
+        assert f"{flag} {default}" in demo, (flag, default)
     for script in (demo, proof):  # the dtype is measured on the machine at hand, not a constant
         assert "utils.cpu_dtype" in script
     assert "--overwrite" in demo.split("eval.py", 1)[1]  # a re-run re-evaluates into the same folder

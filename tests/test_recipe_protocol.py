@@ -6,9 +6,15 @@ from tests.recipe_protocol import REPO, script_protocol, sft_protocol
 
 
 def test_the_ladder_the_demo_and_the_sft_mix_share_one_protocol():
+    """One rollout protocol; the mix's proposer demos search a count each game accepts, and ask questions at
+    least as long as each game's floor (the ladder accepts one search where the demos take two)."""
     ladder = script_protocol(REPO / "scripts" / "learning_proof_cpu.sh")
     demo = script_protocol(REPO / "scripts" / "demo_cpu.sh")
-    assert ladder == demo == sft_protocol(), (ladder, demo, sft_protocol())
+    sft = sft_protocol()
+    assert ladder == demo, (ladder, demo)
+    rollout = lambda p: (p.max_turns, p.max_tokens_per_turn, p.max_info_tokens)  # noqa: E731
+    assert rollout(ladder) == rollout(sft), (ladder, sft)
+    assert ladder.min_searches <= sft.min_searches and ladder.min_question_words <= sft.min_question_words
     assert ladder.max_turns == 3 and ladder.max_tokens_per_turn == 64     # what the measured runs use
 
 
