@@ -64,6 +64,9 @@ def summarise(run: Path) -> dict:
         "pool_repeats": share("game/pool_repeats", "game/pool_fills"),
         "pool_served_acc": share("game/pool_served_correct", "game/pool_served_trajs"),
         "proposer_reward": tot.get("proposer/reward_mean", 0.0) / len(rows),
+        # the dev split (training distribution, never a held-out set) at the run's last step, where it was scored
+        "dev_em": (100 * json.loads((run / "dev" / "results.json").read_text())["overall"]["em"]
+                   if (run / "dev" / "results.json").exists() else NAN),
     }
 
 
@@ -77,7 +80,8 @@ def section(runs: list[tuple[str, Path]]) -> tuple[dict, str]:
             ("too few words", "filter/too_few_words", ".2f"), ("RAG refused", "filter/rag_failed", ".2f"),
             ("valid: answer = Doc-1 title", "valid_doc1_title", ".2f"), ("valid: answer in page text", "valid_answer_in_text", ".2f"),
             ("valid: one search of the question finds it", "valid_one_search", ".2f"),
-            ("pool fills that repeat one", "pool_repeats", ".2f"), ("pool-served acc", "pool_served_acc", ".3f")]
+            ("pool fills that repeat one", "pool_repeats", ".2f"), ("pool-served acc", "pool_served_acc", ".3f"),
+            ("dev EM % at the last step", "dev_em", ".1f")]
     rows = []
     for label, s in got:
         row = [label, s["recipe"]]

@@ -27,7 +27,10 @@ def test_shares_are_of_summed_counts(tmp_path, monkeypatch):
          "game/informative_groups": 5.0, "solver/fresh_trajs": 24.0, "solver/fresh_correct": 12.0, "game/fresh_s0": 0.0,
          "game/fresh_mid": 3.0, "game/fresh_s1": 0.0, "game/filter/no_question": 0.0, "game/pool_fills": 0.0}
     _run(tmp_path / "r", [a, b], {"selfplay": {"rag_verify": "policy", "proposer_reward": "1-acc", "format_penalty": 0.0}})
+    (tmp_path / "r" / "dev").mkdir()
+    (tmp_path / "r" / "dev" / "results.json").write_text(json.dumps({"overall": {"n": 4, "em": 0.25}}))
     s = game_report.summarise(tmp_path / "r")
+    assert s["dev_em"] == pytest.approx(25.0)
     assert s["steps"] == 2
     assert s["valid_rate"] == pytest.approx(5 / 12)          # not the mean of 0.25 and 0.75
     assert s["informative_share"] == pytest.approx(6 / 10)
