@@ -78,8 +78,9 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
                                                "game/no_question", "game/no_question/turn_cap", "game/pool_repeats"))
     dumped = [json.loads(x) for f in sorted((out / "seed1" / "rollouts").glob("step_1.rank*.jsonl"))
               for x in f.read_text().splitlines()]
-    assert {d["role"] for d in dumped} == {"proposer", "solver"}
-    assert sum(d["role"] == "proposer" for d in dumped) == game[0]["game/proposer_trajs"]
+    assert sum(d["role"] == "proposer" for d in dumped) == game[0]["game/proposer_trajs"] > 0
+    # solver rollouts only for the valid questions and pool fills of the step (at smoke scale often none)
+    assert sum(d["role"] == "solver" for d in dumped) == game[0].get("rollout/solver_trajs", 0)
     qa_steps = [json.loads(x) for x in (out / "qa_seed1" / "metrics.jsonl").read_text().splitlines()]
     assert any(m.get("train/solver_tokens", 0) > 0 and m.get("train/proposer_tokens", 1) == 0 for m in qa_steps)
 
