@@ -273,3 +273,22 @@ def test_quote_and_title_thought(tok):
     assert title_demo_think(span, tok, Protocol())["turns"][-1]["text"] == (
         "<think> Doc 1: Korkor Town is a city in Korkia. </think>\n<answer> Korkia </answer>")
     assert title_demo_think(demo, tok, Protocol(max_tokens_per_turn=8)) is None     # nothing fits 8 tokens
+
+
+def test_a_game_demo_whose_question_equals_an_eval_question_is_dropped_up_front(tok, retriever, built):
+    """A name demo asks for a page by its first sentence, so its question can equal an eval question about another
+    page (CI's smoke build hit "What is the name of a municipality in central Vietnam?"). The builder drops it up
+    front; the final guard (check_no_leak) would otherwise stop the whole data step."""
+    from inference.data import EvalRow
+
+    asked = [d["question"] for d in built.demos if d["role"] == "proposer" and d["source"] == "proposer_name"]
+    assert asked, "the fixture's mix has no name demo to collide with"
+    clash = EvalRow(question=asked[0], golden_answers=["Nowhere Else"], data_source="wiki_desc", id="clash-0", meta={})
+    old_train = {"solver_qa": [{"question": "What is the name of the league?", "golden_answers": ["League"],
+                                "data_source": "wiki_desc"}],
+                 "proposer": [{"answer": corpus()[4]["title"], "search_turns": 2, "data_source": "wiki"}]}
+    b = build(corpus(), tok, retriever, _old_eval() + [clash], old_train, [], seed=0, reading_n=6, twohop_n=5,
+              title_rows=1, mix_demos=40)
+    assert normalize_answer(asked[0]) not in {normalize_answer(d["question"]) for d in b.demos}
+    assert b.stats["name proposer demos dropped: overlap an eval row"] >= 1
+    check_no_leak(b.demos, _old_eval() + [clash] + b.reading_heldout + b.twohop_heldout)

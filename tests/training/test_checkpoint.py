@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -342,7 +343,10 @@ def test_sharded_export_round_trips_through_from_pretrained_and_vllm(tmp_path, t
     out.mkdir()
     rc = _torchrun([str(Path(__file__).relative_to(REPO)), "export", str(out), str(tiny_model_dir)], tmp_path / "w.log",
                    PYTHONPATH=str(REPO))
-    assert rc == 0, (tmp_path / "w.log").read_text()[-4000:]
+    if rc != 0:  # the cause first: a CI summary may cut the middle of a long message
+        log = (tmp_path / "w.log").read_text()
+        cause = [x for x in log.splitlines() if re.search(r"Error|error:|terminate|Abort|what\(\)", x)][:12]
+        pytest.fail(f"export worker exit {rc}; first error lines:\n" + "\n".join(cause) + "\n--- tail:\n" + log[-3000:])
     odd = json.loads((out / "odd.json").read_text())
     assert len(odd) == 4 and all(odd.values()), odd
     hf = out / "hf"
