@@ -20,6 +20,7 @@ import numpy as np
 
 from retrieval.corpus import DocStore
 from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from utils.errors import MissingPackage
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +123,7 @@ def _stemmer(name: str | None):
     try:
         import Stemmer  # PyStemmer, optional
     except ImportError:
-        raise ImportError(f"this BM25 index was built with stemmer '{name}', which needs PyStemmer "
+        raise MissingPackage(f"this BM25 index was built with stemmer '{name}', which needs PyStemmer "
                           "(`pip install PyStemmer`)") from None
     return Stemmer.Stemmer(name)
 
