@@ -24,6 +24,7 @@ from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
 from inference.rollout import RolloutConfig
 from training.input_checks import model_path_errors, report_to_errors
+from utils.errors import InputError
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
@@ -332,7 +333,7 @@ class CkptArgs:
     overwrite: bool = F(False, "start over in an --output_dir whose config.json differs in a run-defining field (or "
                                "with --resume none over its checkpoints): deletes that run's checkpoints, "
                                "metrics.jsonl, samples/ and tensorboard/. Without it such a folder is refused; "
-                               "fields that may change on resume are listed in training/checkpoint.py OPERATIONAL")
+                               "fields that may change on resume are listed in training/run_state.py OPERATIONAL")
 
 
 @dataclass
@@ -423,7 +424,7 @@ def resolve_defaults(cfg: Config, world_size: int | None = None) -> Config:
     return cfg
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     pass
 
 
@@ -457,6 +458,9 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
         errs.append(f"--proposer_n and --solver_n must both be >= 1 (got {sp.proposer_n}, {sp.solver_n})")
     if a.solver_estimator in ("grpo", "grpo_no_std", "rloo", "reinforce++_baseline") and sp.solver_n < 2:
         errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
+    if r.temperature <= 0:  # the log-probs divide by it; and a group of greedy samples is one answer, advantage 0
+        errs.append(f"--temperature must be > 0 to train (got {r.temperature:g}): the policy's log-probs divide the "
+                    f"logits by it, and greedy rollouts give a group no spread to learn from")
     if a.tis_cap and r.temperature != 1.0:
         errs.append("--tis_cap compares train log-probs with vLLM's raw (temperature-1) log-probs; it needs --temperature 1.0")
     if a.old_logprobs == "rollout" and (r.temperature != 1.0 or r.top_p != 1.0):

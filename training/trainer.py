@@ -98,7 +98,8 @@ def seed_everything(seed: int) -> None:
 
 
 class SSPTrainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, inputs=None):
+        """`inputs`: train.py's preflight (training/preflight.py), read before the process group; None reads them here."""
         D.init_distributed()
         auto_b = cfg.selfplay.prompts_per_step == 0
         if auto_b and cfg.checkpointing.resume != "none" and not cfg.checkpointing.overwrite:
@@ -118,6 +119,10 @@ class SSPTrainer:
         self.out = Path(cfg.logging.output_dir)
         from training.checkpoint import prepare_output_dir
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
+        from training.checkpoint import find_resume
+        from training.preflight import preflight
+        self.inputs = inputs if inputs is not None else preflight(cfg)
+        self.resume_from = find_resume(self.out, cfg.checkpointing.resume)  # a damaged checkpoint: refused before the model
         self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
                              config=cfg.to_dict())
         self._build()
@@ -153,7 +158,7 @@ class SSPTrainer:
         return False
 
     def _build(self) -> None:
-        from inference.data import clamp_search_turns, load_proposer_rows
+        from inference.data import clamp_search_turns
         from inference.engines import VLLMEngine
         from inference.hf_engine import HFEngine
         from inference.game import SEED_STEP, GameConfig, QuestionPool
@@ -205,34 +210,20 @@ class SSPTrainer:
             proposer_reward=sp.proposer_reward, invalid_penalty=sp.format_penalty,
             seed=cfg.optimisation.seed + 7919 * self.dp_rank)
         self.pool = QuestionPool(sp.pool_size, seed=cfg.optimisation.seed + self.dp_rank)
-        if sp.pool_init:
-            from inference.data import load_eval_rows
-            for r in load_eval_rows(sp.pool_init):
-                self.pool.add(r.question, r.golden_answers, step=SEED_STEP)  # the user's rows: clearing keeps them
-        self.rows = load_proposer_rows(sp.train_data) if sp.self_play_enable else []
+        for r in self.inputs.pool_rows:
+            self.pool.add(r.question, r.golden_answers, step=SEED_STEP)  # the user's rows: clearing keeps them
+        self.rows = self.inputs.rows
         moved = clamp_search_turns(self.rows, sp.min_searches, cfg.rollout.max_turns - 1)
         if moved:
             print0(f"--train_data: {moved} of {len(self.rows)} rows ask for a search count outside "
                    f"[--min_searches {sp.min_searches}, --max_turns - 1 = {cfg.rollout.max_turns - 1}]; clamped into it")
-        self.qa_rows = self._load_rows(sp.qa_data, None)
-        for name, rows, wanted in (("--train_data", self.rows, sp.self_play_enable), ("--qa_data", self.qa_rows, bool(sp.qa_data))):
-            if wanted and not rows:
-                raise ValueError(f"{name} holds no rows")
-        self.eval_rows = self._load_eval_rows()
-
-    def _load_eval_rows(self):
-        return self._load_rows(self.cfg.eval.eval_data, self.cfg.eval.eval_limit)
-
-    @staticmethod
-    def _load_rows(paths: str, limit: int | None):
-        from inference.data import load_eval_rows
-        return [r for p in paths.split(",") if p.strip() for r in load_eval_rows(p.strip(), limit=limit)]
+        self.qa_rows, self.eval_rows = self.inputs.qa_rows, self.inputs.eval_rows
 
     def _resume(self) -> None:
         from inference.game import QuestionPool
         from training import checkpoint as C
 
-        path = C.find_resume(self.out, self.cfg.checkpointing.resume)
+        path = self.resume_from  # found (and checked) before the model was built
         if path is None:
             return
         state = C.load(self.actor, path, extra={"critic": self.critic} if self.critic is not None else None)
