@@ -201,7 +201,7 @@ def output_dir_verdict(output_dir: str | Path, config: dict, ignore: tuple[str, 
         v.refusal = (
             f"--output_dir {out} holds another run: {what}\n"
             f"  Resuming it with these settings would mix two runs. Pass --overwrite true to start over in this "
-            f"folder (deletes that run's checkpoints, metrics.jsonl, samples/ and tensorboard/), or pick another "
+            f"folder (it deletes {DELETES.replace('this run', 'that run')}), or pick another "
             f"--output_dir. Fields that may change on resume: {', '.join(sorted(OPERATIONAL))}")
     elif resume == "none" and v.has_ckpt and not v.diffs and not overwrite:
         bad = damaged_latest(out)
