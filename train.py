@@ -31,7 +31,9 @@ Against the SSP paper's veRL release:
     is skipped on every rank, and --max_nonfinite_steps in a row stop the run.
 
 `python train.py --help` lists every flag, grouped. Resume after any crash with the same
-command line: --resume auto (the default) picks up the latest complete checkpoint.
+command line: --resume auto (the default) picks up the latest complete checkpoint. A mistake in the
+input (a row file, the model folder, the index, the run folder) is one message before torch is
+imported or the model built; docs/TROUBLESHOOTING.md lists them.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     """Check a command line where it is typed (a laptop, a login node, every node of the launch):
     everything validate_args checks, against the launcher's world size, except files that are not on
     this machine, which are listed instead; the CPU demo's defaults, refused on CUDA or across nodes
-    (the launcher's environment says which) and listed otherwise; then print the resolved config, the
+    (the launcher's environment says which) and listed otherwise; the inputs that are here, read as the
+    launch reads them (training/preflight.py) and the run folder as the launch would claim it (read-only,
+    training/run_state.py); then print the resolved config, the
     memory plan with the checkpoint disk, and the DeepSpeed config,
     and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
     stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
