@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         inputs = preflight(cfg)  # rows, model folder, index: read and checked before torch, the model or DeepSpeed
         from training.trainer import SSPTrainer
 
-        trainer = SSPTrainer(cfg, inputs)  # validates again once the world size is known; the run folder, resume
+        trainer = SSPTrainer(cfg, inputs)  # validates again once the world size is known, then the run folder
     except InputError as e:
         sys.exit(f"train.py: {e}")
     trainer.run()

@@ -17,7 +17,9 @@ Layout under <output_dir>/:
 
 A run killed mid-save leaves `latest` on the previous complete checkpoint, so `--resume auto`
 never loads a half-written one; the half-written folder carries this run's id and is replaced
-when the resumed run saves that step again.
+when the resumed run saves that step again. What the folder answers read-only (may a launch use it,
+which complete checkpoint it resumes from, the newest complete one when `latest` is damaged) is
+training/run_state.py's; this module writes, rotates and deletes.
 """
 
 from __future__ import annotations

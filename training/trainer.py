@@ -117,10 +117,9 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        from training.checkpoint import prepare_output_dir
-        self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
-        from training.checkpoint import find_resume
+        from training.checkpoint import find_resume, prepare_output_dir
         from training.preflight import preflight
+        self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
         self.inputs = inputs if inputs is not None else preflight(cfg)
         self.resume_from = find_resume(self.out, cfg.checkpointing.resume)  # a damaged checkpoint: refused before the model
         self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
