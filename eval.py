@@ -124,6 +124,10 @@ def locate_run(model: str) -> tuple[str, Path | None]:
         if not (ck / "latest").is_file():
             raise ValueError(f"--model {model} is a run folder with no complete checkpoint ({ck / 'latest'} is missing)")
         hf, run = ck / (ck / "latest").read_text().strip() / "hf", p.parent if p.name == "checkpoints" else p
+        if not hf.parent.is_dir():  # a damaged latest: name the newest export instead of a missing folder's
+            have = sorted((d for d in ck.glob("step_*") if STEP_RE.match(d.name) and (d / "hf/config.json").is_file()))
+            raise ValueError(f"--model {model}: {ck / 'latest'} names {hf.parent.name}, which is missing"
+                             + (f"; pass --model {have[-1] / 'hf'} (the newest export)" if have else ""))
     else:
         return model, None
     if not (hf / "config.json").is_file():

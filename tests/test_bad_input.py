@@ -180,6 +180,9 @@ def cases(f: dict[str, Path], d: Path) -> list[dict]:
         dict(name="eval_missing_model", entry="eval", argv=["--model", str(d / "no_model"), "--data",
                                                             "data/eval/capitals.jsonl", *ev],
              want=[f"--model {d / 'no_model'} does not exist"]),
+        dict(name="eval_run_latest_missing", entry="eval", argv=["--model", str(f["run_missing"]), "--data",
+                                                                 "data/eval/capitals.jsonl", *ev],
+             want=[f"{f['run_missing'] / 'checkpoints/latest'} names step_000030, which is missing"]),
         # 6. resume: the trainer's cases, last (they start the process group; still no model and no DeepSpeed engine)
         dict(name="train_resume_latest_missing", entry="train", argv=["--output_dir", str(f["run_missing"])],
              want=["latest names step_000030, which is missing", f"--resume {f['run_missing']}/checkpoints/step_000020",
@@ -215,7 +218,7 @@ def test_every_bad_input_is_one_message_before_anything_expensive(tmp_path):
         assert not got["built"], (case["name"], "built a model or a DeepSpeed engine")
         allowed = {"torch", "deepspeed"} if case["name"] in trainer else set()   # the process group, no engine
         assert set(got["heavy"]) <= allowed, (case["name"], got["heavy"])
-    # seconds, not the minutes of a model load (23 cases: 3-10 s on a loaded 2-core box, most of it importing torch)
+    # seconds, not the minutes of a model load (24 cases: 3-10 s on a loaded 2-core box, most of it importing torch)
     assert time.time() - t0 < 120, time.time() - t0
     print(f"\n{len(todo)} bad-input cases in {time.time() - t0:.1f}s: "
           + ", ".join(f"{c['name']} {c['seconds']:.1f}s" for c in results.values()))
