@@ -51,7 +51,9 @@ def _fresh_share(key):
 
 
 # the game's own columns, for the self-play rungs (2 and 3)
-GAME_COLUMNS = [("informative share", _informative_share), ("fresh s=0", _fresh_share("game/fresh_s0")),
+_informative_share_fresh = _ratio_of_sums("game/informative_groups/fresh", "game/solver_groups/fresh")
+GAME_COLUMNS = [("informative share", _informative_share), ("informative share, fresh", _informative_share_fresh),
+                ("fresh s=0", _fresh_share("game/fresh_s0")),
                 ("fresh 0<s<1", _fresh_share("game/fresh_mid")), ("fresh s=1", _fresh_share("game/fresh_s1")),
                 ("no question", _ratio_of_sums("game/no_question", "game/proposer_trajs")),
                 ("pool-served acc", _ratio_of_sums("game/pool_served_correct", "game/pool_served_trajs"))]

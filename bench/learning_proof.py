@@ -36,6 +36,8 @@ training games), <prefix><S>/eval_step<M>/results.json per milestone and <out>/t
   <name>.informative_share      self-play rungs (2, 3): the share of solver groups whose rewards are not all equal
                                 (the only ones a group baseline draws a gradient from), over every training step
                                 to the last milestone, mean over seeds (issue 31: >= 0.30)
+  <name>.informative_share_fresh the same over the groups of the round's own fresh questions only (the rest are
+                                pool questions, admitted for a solve rate strictly between 0 and 1)
   <name>.valid_rate             mean of game/valid_rate over those steps and seeds (issue 31: >= 0.5)
   <name>.fresh_acc              solver accuracy on the round's own fresh questions, count-weighted (issue 31: 0.15-0.85)
 The SFT eval against the title heuristic (section learning_baseline, written with any RL rung):
@@ -62,7 +64,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, _doc1_title_share, _f, _fresh_acc,  # noqa: E402
-                                   _informative_share, _json,
+                                   _informative_share, _informative_share_fresh, _json,
                                    _mean_of, _num, em, hist_str, load_rung, mean_hist, pooled, pooled_hist, read_metrics,
                                    read_timings, searches, twohop_set, verdict)
 from bench.learning_compare import (COMPARISONS, answer_habits, compare_section, equal_wall_milestone,  # noqa: E402
@@ -218,10 +220,12 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
                                       "final": {"mean": _num(sq, 3), "hist": mean_hist([h for _, h in sqs])}}}
     if rung in ("ssp", "distill"):   # the game's signal over every training step up to the last milestone
         game = {k: statistics.mean(fn([r for r in runs[s]["metrics"] if r["step"] <= last]) for s in seeds)
-                for k, fn in (("informative_share", _informative_share), ("valid_rate", _mean_of("game/valid_rate")),
-                              ("fresh_acc", _fresh_acc))}
+                for k, fn in (("informative_share", _informative_share),
+                              ("informative_share_fresh", _informative_share_fresh),
+                              ("valid_rate", _mean_of("game/valid_rate")), ("fresh_acc", _fresh_acc))}
         keys.update({k: _num(v, 3) for k, v in game.items()})
-        md += (f"- the game, mean over training steps and seeds: informative solver groups {_f(game['informative_share'], '.2f')}, "
+        md += (f"- the game, mean over training steps and seeds: informative solver groups {_f(game['informative_share'], '.2f')} "
+               f"({_f(game['informative_share_fresh'], '.2f')} of the fresh questions' groups; the rest are pool questions), "
                f"valid-question rate {_f(game['valid_rate'], '.2f')}, fresh-question solver accuracy "
                f"{_f(game['fresh_acc'], '.2f')}.\n")
     return {f"{name}.{k}": v for k, v in keys.items()}, md, runs

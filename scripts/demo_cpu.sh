@@ -105,7 +105,7 @@ TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpoin
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
   --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl
   --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 1 --min_question_words 4 --rag_verify policy
-  --proposer_reward 1-acc --format_penalty -1 --pool_min_solve_rate 0.01 --pool_max_solve_rate 0.99
+  --rag_distractors 0 --proposer_reward 1-acc --format_penalty -1 --pool_min_solve_rate 0.01 --pool_max_solve_rate 0.99
   --proposer_estimator reinforce++ --solver_estimator grpo
   "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1

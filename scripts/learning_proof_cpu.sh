@@ -69,6 +69,9 @@ MINI=${MINI:-2}                # --ppo_mini_batches
 # Rung 2's game (issue 31; each setting tried on the training games, bench/RESULTS.md section learning_game_settings):
 FORMAT_PENALTY=${FORMAT_PENALTY:--1}      # an invalid question below every valid one (SSP ships 0)
 RAG_VERIFY=${RAG_VERIFY:-policy}          # the RAG check reads the solver's own view (inference/rag_check.solver_view)
+RAG_DISTRACTORS=${RAG_DISTRACTORS:-0}     # 0: with 2 other trajectories' searches shuffled in, the 135M verifier
+                                          # refused 5 of 8 questions a step and the game died (valid 0.04 over 7 steps,
+                                          # against 0.20 with 0 and every other setting alike)
 PROPOSER_REWARD=${PROPOSER_REWARD:-1-acc} # SSP's: with the RAG check, the harder an answerable question the better
 MIN_SEARCHES=${MIN_SEARCHES:-1}           # SSP needs 2; the SFT proposer searched its answer twice in 1 of 4 rollouts
 POOL_SOLVE=${POOL_SOLVE:-"0.01 0.99"}     # the pool admits questions some but not all solvers answered
@@ -152,7 +155,8 @@ COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing fal
 QA_ARGS=(--self_play_enable false --proposer_enable false --qa_data "$OUT/qa_train.jsonl" --prompts_per_step "$QA_PROMPTS")
 read -r POOL_MIN POOL_MAX <<< "$POOL_SOLVE"
 SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer_n 1 --min_searches "$MIN_SEARCHES"
-  --min_question_words 4 --rag_verify "$RAG_VERIFY" --proposer_reward "$PROPOSER_REWARD" --format_penalty "$FORMAT_PENALTY"
+  --min_question_words 4 --rag_verify "$RAG_VERIFY" --rag_distractors "$RAG_DISTRACTORS"
+  --proposer_reward "$PROPOSER_REWARD" --format_penalty "$FORMAT_PENALTY"
   --pool_min_solve_rate "$POOL_MIN" --pool_max_solve_rate "$POOL_MAX" --proposer_estimator reinforce++ $SSP_EXTRA)
 GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
   --critic_gradient_checkpointing false)

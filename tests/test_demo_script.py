@@ -50,7 +50,7 @@ def test_demo_trains_from_the_sft_export_with_the_learning_proof_protocol():
     from tests.recipe_protocol import script_protocol
     assert script_protocol(DEMO) == script_protocol(PROOF)
     for flag, var in (("--rag_verify", "RAG_VERIFY"), ("--proposer_reward", "PROPOSER_REWARD"),
-                      ("--format_penalty", "FORMAT_PENALTY")):
+                      ("--format_penalty", "FORMAT_PENALTY"), ("--rag_distractors", "RAG_DISTRACTORS")):
         default = re.search(rf"^{var}=\$\{{{var}:-([^}}]*)\}}", proof, re.M).group(1)
         assert f"{flag} {default}" in demo, (flag, default)
     for script in (demo, proof):  # the dtype is measured on the machine at hand, not a constant

@@ -189,7 +189,7 @@ def test_the_games_signal_is_read_off_its_summed_counts(tmp_path, results):
     assert keys["learning.valid_rate"] == pytest.approx(0.6, abs=1e-3)             # 0.5, 0.9 (resumed), 0.5, 0.5
     assert keys["learning.fresh_acc"] == pytest.approx(2 / 12, abs=1e-3)
     md = (results / "RESULTS.md").read_text()
-    assert "informative share" in md and "fresh 0<s<1" in md and "informative solver groups 0.33" in md
+    assert "informative share" in md and "fresh 0<s<1" in md and "informative solver groups 0.33 (- of the fresh" in md
 
 
 def test_both_rl_rungs_get_their_own_sections_keys_and_one_plot(tmp_path, results):
