@@ -216,9 +216,10 @@ class AlgoArgs:
     distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
                             "each sampled token to its advantage, q_T being the same model given the proposer's "
                             "question construction path (or the answer, --distill_hint) as privileged context; "
+                            "'contrast' adds beta x (log q_T - log q_T given another question's path) (issue 32); "
                             "'topk' adds beta x the reverse KL of the student from q_T over q_T's top --distill_topk "
                             "tokens at each sampled position (both renormalised there) to the loss, advantages unchanged",
-                     choices=("off", "sampled", "topk"))
+                     choices=("off", "sampled", "contrast", "topk"))
     distill_topk: int = F(16, "K of --distill topk: the teacher's top-K tokens per position the KL sums over; "
                               "K = the vocabulary size gives the exact full-vocabulary reverse KL (memory: the "
                               "teacher's ids and log-probs take 12 x K bytes per solver token until the update)")
@@ -484,6 +485,9 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
             errs.append(f"--distill_topk must be >= 1 (the teacher's top-K tokens per position), got {a.distill_topk}")
         if not sp.solver_enable:
             errs.append(f"--distill {a.distill} trains the solver toward a teacher: it needs --solver_enable true")
+        if a.distill == "contrast" and not sp.self_play_enable:
+            errs.append("--distill contrast scores the solver's tokens under its question's construction path against "
+                        "another question's; fixed QA rows have none: it needs --self_play_enable true")
         # +32: the block's blank lines and the chat template's room around it
         if o.micro_token_budget < r.max_total_tokens + a.distill_context_tokens + 32:
             errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "

@@ -397,7 +397,7 @@ class SSPTrainer:
         distill, term = {}, None
         if cfg.algorithm.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
             with self._timer(times, "teacher"):
-                adv, distill, term = self._distill(trajs, adv, old)
+                adv, distill, term = self._distill(trajs, adv, old, game.trajectories)
         gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
             upd = {}
@@ -475,25 +475,21 @@ class SSPTrainer:
             all_reduce=_all_reduce_tensor)
         return adv, returns
 
-    def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict, object]:
-        """Self-distillation (training/teacher.py): the teacher scores the solver's own tokens under a privileged
-        prompt. sampled: its log-probs join the advantages with this step's beta; topk: its top-K make the
+    def _distill(self, trajs, adv, old, played=None) -> tuple[list[torch.Tensor], dict, object]:
+        """Self-distillation (training/teacher.py dense_term): the teacher scores the solver's own tokens under a
+        privileged prompt. sampled: its log-probs join the advantages with this step's beta; contrast: so does
+        their gap to the teacher under another question's path (training/contrast.py); topk: its top-K make the
         loss term (TopKTerm) that ppo_update adds, and the advantages stay."""
         from training.distill import beta_at
-        from training.teacher import TopKTerm, apply_sampled, coverage_sums, finish_metrics, forward_topk, teacher_logprobs
+        from training.teacher import dense_term, finish_metrics, forward_topk
         a, temp = self.cfg.algorithm, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)
         engine = self.engines.ref if a.distill_teacher == "reference" else self.actor
         fwd = ((lambda seqs: forward_topk(engine, seqs, a.distill_topk, temp, self.cfg.optimisation.micro_token_budget))
                if a.distill == "topk" else (lambda seqs: self.forward_logprobs(engine, seqs)))
-        teacher, blocks = teacher_logprobs(trajs, self.tokenizer, self.cfg.model.template, a.distill_context_tokens,
-                                           a.distill_hint, fwd)
-        for t, b in zip(trajs, blocks):
-            if b is not None:
-                t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
-        term = TopKTerm(trajs, teacher, beta, temp) if a.distill == "topk" else None
-        adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
+        adv, sums, term = dense_term(trajs, adv, old, beta, fwd, self.tokenizer, self.cfg, self.pool.items, self.step,
+                                     played)
         keys = sorted(sums)
         return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta), term
 
