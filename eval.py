@@ -73,6 +73,7 @@ from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_l
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
 from inference.rollout import RolloutConfig
+from utils.errors import InputError, entry_point_error
 
 # What main() writes into --out_dir. Any of them already there is refused without --overwrite; other
 # files (scripts/eval.sh tees its eval.log there first, a --judge_cache may live there) are left alone.
@@ -123,6 +124,10 @@ def locate_run(model: str) -> tuple[str, Path | None]:
         if not (ck / "latest").is_file():
             raise ValueError(f"--model {model} is a run folder with no complete checkpoint ({ck / 'latest'} is missing)")
         hf, run = ck / (ck / "latest").read_text().strip() / "hf", p.parent if p.name == "checkpoints" else p
+        if not hf.parent.is_dir():  # a damaged latest: name the newest export instead of a missing folder's
+            have = sorted((d for d in ck.glob("step_*") if STEP_RE.match(d.name) and (d / "hf/config.json").is_file()))
+            raise ValueError(f"--model {model}: {ck / 'latest'} names {hf.parent.name}, which is missing"
+                             + (f"; pass --model {have[-1] / 'hf'} (the newest export)" if have else ""))
     else:
         return model, None
     if not (hf / "config.json").is_file():
@@ -329,6 +334,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return a
 
 
+def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
+    """What the command line points at, checked as train.py checks it before anything is loaded, and the rows:
+    every --data file is there and read whole (every file's bad rows listed), --model is a causal LM folder that
+    loads (or a hub id), --index is a finished index whose manifest fits its folder, with a dense index's encoder
+    and FAISS file at hand. InputError, one message, otherwise."""
+    from training.input_checks import model_folder_errors, model_path_errors
+
+    missing = [f for f in a.data if not Path(f).is_file()]
+    if missing:
+        raise InputError(f"--data {' '.join(missing)}: no such file" + (f" ({missing[0]} is a folder)"
+                                                                        if Path(missing[0]).is_dir() else ""))
+    errs = model_path_errors(a.model) or model_folder_errors(a.model, flag="--model", role="the evaluated model")
+    if errs:  # train.py's messages, in eval's spelling
+        raise InputError("\n  - ".join([""] + errs if len(errs) > 1 else errs).replace("--model_path", "--model"))
+    if a.index:
+        from retrieval.manifest import index_file, read_manifest, resolve_encoder
+        try:
+            m = read_manifest(a.index)
+            if m["kind"] == "dense":
+                resolve_encoder(m, None, a.index)
+                index_file(a.index, m)
+        except InputError as e:
+            raise InputError(f"--index {a.index}: {e}") from None
+    rows: list[EvalRow] = []
+    errors = []
+    for path in a.data:
+        try:
+            rows += load_eval_rows(path, limit=a.limit)
+        except InputError as e:
+            errors.append(str(e))
+    if errors:
+        raise InputError("\n".join(errors))
+    return rows
+
+
 def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | None, str]:
     """The search backend's `search` and how the protocol names it."""
     if a.self_search:
@@ -369,16 +409,20 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
+    try:
+        rows = read_inputs(a)
+    except InputError as e:  # a missing or wrong file, folder or row: one message (docs/TROUBLESHOOTING.md)
+        return entry_point_error("eval.py", e)
     print(settings_table(a), flush=True)
     from utils.logging import configure_logging
     configure_logging(0)   # one process: info from the project's loggers; httpx's per-request info lines stay off
-    rows: list[EvalRow] = []
-    for path in a.data:
-        rows += load_eval_rows(path, limit=a.limit)
     # The engine comes before the retriever: bm25s imports numba/llvmlite, and vLLM's CPU start-up
     # scan of every module's globals trips over llvmlite's `lib` object (AttributeError).
     engine = build_engine(a)
-    search_fn, retriever_desc = build_search(a, engine)
+    try:
+        search_fn, retriever_desc = build_search(a, engine)
+    except InputError as e:  # a dense index's encoder missing here: named, no traceback
+        return entry_point_error("eval.py", e)
     judge = Judge(a.judge_url, model=a.judge_model, cache_path=a.judge_cache) if a.judge_url else Judge()
     rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
                             max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,

@@ -31,7 +31,9 @@ Against the SSP paper's veRL release:
     is skipped on every rank, and --max_nonfinite_steps in a row stop the run.
 
 `python train.py --help` lists every flag, grouped. Resume after any crash with the same
-command line: --resume auto (the default) picks up the latest complete checkpoint.
+command line: --resume auto (the default) picks up the latest complete checkpoint. A mistake in the
+input (a row file, the model folder, the index, the run folder) is one message before torch is
+imported or the model built; docs/TROUBLESHOOTING.md lists them.
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     """Check a command line where it is typed (a laptop, a login node, every node of the launch):
     everything validate_args checks, against the launcher's world size, except files that are not on
     this machine, which are listed instead; the CPU demo's defaults, refused on CUDA or across nodes
-    (the launcher's environment says which) and listed otherwise; then print the resolved config, the
+    (the launcher's environment says which) and listed otherwise; the inputs that are here, read as the
+    launch reads them (training/preflight.py) and the run folder as the launch would claim it (read-only,
+    training/run_state.py); then print the resolved config, the
     memory plan with the checkpoint disk, and the DeepSpeed config,
     and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
     stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
@@ -103,6 +107,12 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
             setattr(getattr(probe, group), flag, __file__)
     probe.selfplay.allow_demo_defaults = typed.selfplay.allow_demo_defaults = True
     errors = config_errors(probe, world, cuda, nodes > 1) + demo_default_errors(cfg, cuda, nodes > 1)
+    # what the launch reads before its model: the row files, model folder and index that are here (read whole),
+    # and the run folder (another run's, --resume none on checkpoints, a damaged checkpoint); nothing is written
+    from training.preflight import input_errors
+    from training.run_state import run_folder_errors
+    auto_b = ("selfplay.prompts_per_step",) if ns.prompts_per_step == 0 else ()  # the launch keeps the run's own
+    errors += input_errors(cfg)[1] + run_folder_errors(cfg.logging.output_dir, cfg.to_dict(), ignore=auto_b)
     unchecked = [e for e in config_errors(typed, world, cuda, nodes > 1) if e not in errors]
     local_rank = int(os.environ.get("LOCAL_RANK", max(cfg.deepspeed.local_rank, 0)))
     if local_rank != 0:
@@ -213,16 +223,20 @@ def main(argv: list[str] | None = None) -> None:
     own, argv = split_own_flags(argv)
     if own.dry_run or own.dry_run_build_ops:
         sys.exit(dry_run(argv, own.dry_run_build_ops))
-    from training.config import ConfigError, parse_config
+    from training.config import parse_config
+    from utils.errors import InputError
     from utils.logging import configure_logging
 
     configure_logging(int(os.environ.get("RANK", "0")))   # the launchers set RANK before the process starts
-    try:
+    try:  # a mistake in the user's input is one message (docs/TROUBLESHOOTING.md); anything else keeps its traceback
         cfg = parse_config(argv, description=DESCRIPTION)
+        from training.preflight import preflight
+
+        inputs = preflight(cfg)  # rows, model folder, index: read and checked before torch, the model or DeepSpeed
         from training.trainer import SSPTrainer
 
-        trainer = SSPTrainer(cfg)  # validates again once the world size is known
-    except ConfigError as e:
+        trainer = SSPTrainer(cfg, inputs)  # validates again once the world size is known, then the run folder
+    except InputError as e:
         sys.exit(f"train.py: {e}")
     trainer.run()
 

@@ -113,7 +113,7 @@ RUNG_META = {"qa": (1, "rl_qa", "eval_qa_step", "solver-only RL on fixed QA rows
              "ssp": (2, "rl", "eval_step", "SSP self-play, both roles trained"),
              "distill": (3, "rl_distill", "eval_distill_step",
                          "SSP self-play with self-distillation of the solver (the proposer's search path as the "
-                         "teacher's privileged context, --distill sampled)")}
+                         "teacher's privileged context; the --distill form, sampled or contrast, is in the recipe)")}
 TRAILING = 5  # trailing mean over 5 steps on the curves: one step holds only a few games
 
 

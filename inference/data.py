@@ -11,19 +11,30 @@ Eval rows (question, golden answers, data source):
   * Search-R1 / verl train parquet: golden answers in reward_model.ground_truth.target, the
     question in extra_info.question or after "Question:" in the user prompt.
 
-JSONL (.jsonl, .json lines or one JSON array) and parquet. A row that lacks a field fails
-with the file, the row number, the fields looked for and the keys the row has.
+Answers are read as their text in every shape the common QA exports give them (`answer_texts`): a
+string, a number, a list of them, SQuAD/NQ's list of objects [{"text": "Paris", "answer_start": 17}],
+HF SQuAD's {"text": [...], "answer_start": [...]}, TriviaQA's {"value", "aliases"}, verl's
+{"target": ...}. Any other shape is refused, naming it: a stringified object would never match.
+
+JSONL (.jsonl, .json lines or one JSON array) and parquet, UTF-8. Every row of a file is read in one
+pass and the first few bad ones are listed together (`MAX_LISTED`), each by its 1-based line (item of
+a JSON array, row of a parquet file), with the fields looked for and the keys the row has.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+from utils.errors import InputError, InputFileMissing
 
 Answer = Any  # str | list[str]
+MAX_LISTED = 5  # bad rows listed in one error; the rest are counted
 
 
 @dataclass
@@ -43,40 +54,104 @@ class EvalRow:
     meta: dict = field(default_factory=dict)
 
 
-class RowError(ValueError):
+class RowError(InputError):
     pass
 
 
-def read_records(path: str | Path) -> Iterator[dict]:
-    """Dict rows of a JSONL / JSON-array / parquet file."""
+class RowFileMissing(RowError, InputFileMissing):
+    pass
+
+
+def _not_utf8(path: Path, data: bytes, offset: int, e: UnicodeDecodeError) -> str:
+    return (f"byte 0x{data[offset]:02x} at byte offset {offset} of the file is not UTF-8 ({e.reason}); row files "
+            f"must be UTF-8: convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}`")
+
+
+def iter_records(path: str | Path) -> Iterator[tuple[str, dict | None, str | None]]:
+    """(where, row, problem) for every row of a JSONL / JSON-array / parquet file, in one pass: `where` is
+    "line N" (1-based, as JSON errors count), "item N" of a JSON array or "row N" of a parquet file; a row
+    that cannot be read comes as (where, None, what is wrong) and the rest still follow. A file that cannot
+    be read at all raises RowError."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+        raise RowFileMissing(f"{path}: no such file")
+    if path.is_dir():
+        raise RowError(f"{path} is a folder; a row file (.jsonl, .json or .parquet) is expected")
     if path.suffix == ".parquet":
+        import pyarrow as pa
         import pyarrow.parquet as pq
 
-        yield from pq.read_table(path).to_pylist()
+        try:
+            table = pq.read_table(path)
+        except (pa.ArrowException, OSError) as e:
+            raise RowError(f"{path}: not a readable parquet file ({e})") from None
+        for i, r in enumerate(table.to_pylist(), 1):
+            yield f"row {i}", r, None
         return
     if path.suffix not in (".jsonl", ".json"):
         raise RowError(f"{path}: unknown row file type {path.suffix!r}; use .jsonl, .json or .parquet")
-    text = path.read_text(encoding="utf-8")
-    if text.lstrip().startswith("["):
-        rows = json.loads(text)
-        for i, r in enumerate(rows):
-            if not isinstance(r, dict):
-                raise RowError(f"{path}: item {i} is a {type(r).__name__}, expected an object")
-            yield r
+    data = path.read_bytes()
+    if data.lstrip()[:1] == b"[" or data.lstrip()[:4] == b"\xef\xbb\xbf[":
+        try:
+            rows = json.loads(data.decode("utf-8-sig"))
+        except UnicodeDecodeError as e:
+            line = data.count(b"\n", 0, e.start) + 1
+            raise RowError(f"{path}: line {line}: " + _not_utf8(path, data, e.start, e)) from None
+        except json.JSONDecodeError as e:
+            raise RowError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from None
+        for i, r in enumerate(rows, 1):
+            ok = isinstance(r, dict)
+            yield f"item {i}", r if ok else None, None if ok else f"a {type(r).__name__}, expected a JSON object"
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
+    start = 0
+    for lineno, raw in enumerate(data.split(b"\n"), 1):
+        offset, start = start, start + len(raw) + 1
+        try:
+            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            yield f"line {lineno}", None, _not_utf8(path, data, offset + e.start, e)
+            continue
         if not line.strip():
             continue
         try:
             r = json.loads(line)
         except json.JSONDecodeError as e:
-            raise RowError(f"{path}:{lineno}: not valid JSON ({e.msg}); each line must be one JSON object") from None
-        if not isinstance(r, dict):
-            raise RowError(f"{path}:{lineno}: a {type(r).__name__}, expected a JSON object")
-        yield r
+            yield f"line {lineno}", None, f"not valid JSON ({e.msg}, column {e.colno}); each line must be one JSON object"
+            continue
+        ok = isinstance(r, dict)
+        yield f"line {lineno}", r if ok else None, None if ok else f"a {type(r).__name__}, expected a JSON object"
+
+
+def read_records(path: str | Path) -> Iterator[dict]:
+    """Dict rows of a JSONL / JSON-array / parquet file; the first row that cannot be read raises RowError."""
+    for where, row, problem in iter_records(path):
+        if problem is not None:
+            raise RowError(f"{path}: {where}: {problem}")
+        yield row
+
+
+def load_rows(path: str | Path, convert: Callable[[dict, str], Any], limit: int | None = None) -> list:
+    """convert(row, where) over every row of `path` (the first `limit` good ones), in one pass. Rows that cannot
+    be read or converted (RowError) are collected, and the first MAX_LISTED are raised together as one RowError."""
+    path, out, bad = Path(path), [], []
+    for where, row, problem in iter_records(path):
+        if limit is not None and len(out) >= limit:
+            break
+        if problem is None:
+            try:
+                out.append(convert(row, where))
+                continue
+            except RowError as e:
+                problem = str(e)
+        bad.append(f"{where}: {problem}")
+    if len(bad) == 1:
+        raise RowError(f"{path}: {bad[0]}")
+    if bad:
+        more = f" (the first {MAX_LISTED} shown)" if len(bad) > MAX_LISTED else ""
+        raise RowError(f"{path}: {len(bad)} rows cannot be read{more}:\n    " + "\n    ".join(bad[:MAX_LISTED]))
+    if not out:
+        raise RowError(f"{path}: no rows (the file is empty)")
+    return out
 
 
 def _get(row: dict, dotted: str) -> Any:
@@ -88,35 +163,94 @@ def _get(row: dict, dotted: str) -> Any:
     return cur
 
 
-def _answer_value(v: Any) -> Answer | None:
-    """A str, or a non-empty list of str, out of the shapes ground truths come in ({"target": ...}, list, numpy array)."""
+class ShapeError(ValueError):
+    """A value's shape holds no answer text; the message describes the shape found."""
+
+
+# Keys of an answer object that hold its text, in the order tried: verl's {"target"}, SQuAD/NQ's {"text"},
+# TriviaQA's {"value", "aliases"} (both read), and a nested {"answer"}.
+ANSWER_OBJECT_KEYS = ("target", "text", "value", "aliases", "answer")
+
+
+def _shape(v: Any, plural: bool = False) -> str:
+    """A short description of a value's shape ("an object with keys ['answer_start']"), for error messages."""
     if isinstance(v, dict):
-        return _answer_value(v.get("target"))
-    if hasattr(v, "tolist") and not isinstance(v, str):
-        v = v.tolist()
-    if isinstance(v, str):
-        return v if v.strip() else None
+        return f"{'objects' if plural else 'an object'} with keys {sorted(map(str, v))}"
     if isinstance(v, (list, tuple)):
-        vals = [str(x) for x in v if x is not None and str(x).strip()]
-        return vals or None
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return str(v)    # numeric answers ("1969") sometimes come unquoted
-    return None
+        if not v:
+            return "empty lists" if plural else "an empty list"
+        kinds = sorted({_shape(x, plural=True) for x in v})
+        return ("lists" if plural else "a list") + (f" of {kinds[0]}" if len(kinds) == 1 else f" mixing {' and '.join(kinds)}")
+    if isinstance(v, bool):
+        return "booleans" if plural else f"a boolean ({str(v).lower()})"
+    name = {"str": "text", "int": "number", "float": "number"}.get(type(v).__name__)
+    if name:
+        return name + ("s" if plural else "")
+    return f"values of type {type(v).__name__}" if plural else f"a value of type {type(v).__name__}"
+
+
+def answer_texts(v: Any) -> list[str]:
+    """The answer texts a value holds, in order, without repeats ([] when empty or missing); ShapeError for a
+    shape that holds none (a boolean, an object without a text key, ...)."""
+    if hasattr(v, "tolist") and not isinstance(v, (str, bytes)):
+        v = v.tolist()   # numpy arrays and scalars, as parquet gives lists
+    if v is None:
+        return []
+    if isinstance(v, bool):
+        raise ShapeError(f"{_shape(v)}: write a yes/no answer as the text \"yes\" or \"no\"")
+    if isinstance(v, str):
+        return [v.strip()] if v.strip() else []
+    if isinstance(v, int):
+        return [str(v)]            # numeric answers ("1969") sometimes come unquoted
+    if isinstance(v, float):
+        return [] if math.isnan(v) else [str(int(v)) if v.is_integer() else str(v)]
+    if isinstance(v, dict):
+        keys = [k for k in ANSWER_OBJECT_KEYS if k in v]
+        if not keys:
+            raise ShapeError(f"{_shape(v)}, none of which holds the answer text (expected one of "
+                             f"{', '.join(ANSWER_OBJECT_KEYS)})")
+        if keys[0] in ("value", "aliases"):
+            keys = [k for k in ("value", "aliases") if k in v]
+        else:
+            keys = keys[:1]
+        return _unique([t for k in keys for t in answer_texts(v[k])])
+    if isinstance(v, (list, tuple)):
+        try:
+            return _unique([t for x in v for t in answer_texts(x)])
+        except ShapeError:
+            raise ShapeError(f"{_shape(v)}; expected texts, or objects holding one (SQuAD's {{\"text\": ...}})") from None
+    raise ShapeError(_shape(v))
+
+
+def _unique(xs: list[str]) -> list[str]:
+    return list(dict.fromkeys(xs))
+
+
+def _answer_value(v: Any) -> Answer | None:
+    """A str (when given as one), or a non-empty list of str; None when empty. ShapeError for other shapes."""
+    texts = answer_texts(v)
+    if not texts:
+        return None
+    while isinstance(v, dict) and not ("value" in v and "aliases" in v):  # {"target": "Paris"} is one text too
+        v = next(v[k] for k in ANSWER_OBJECT_KEYS if k in v)
+    return texts[0] if isinstance(v, (str, int, float)) and len(texts) == 1 else texts
 
 
 def _first(row: dict, keys: tuple[str, ...], conv) -> Any:
+    """conv of the first of `keys` whose value is not empty; a value of the wrong shape is a RowError naming its field."""
     for k in keys:
-        v = conv(_get(row, k))
+        try:
+            v = conv(_get(row, k))
+        except ShapeError as e:
+            raise RowError(f"field {k!r} is {e}") from None
         if v is not None:
             return v
     return None
 
 
-def _missing(path: Path, i: int, what: str, keys: tuple[str, ...], row: dict, hint: str = "") -> RowError:
-    return RowError(
-        f"{path}: row {i} has no {what} (looked for {', '.join(keys)}); the row has keys {sorted(row)}"
-        + (f". {hint}" if hint else "")
-    )
+def _missing(what: str, keys: tuple[str, ...], row: dict, hint: str = "") -> RowError:
+    return RowError(f"no {what} (looked for {', '.join(keys)}); the row has keys {sorted(row)}"
+                    + (f". {hint}" if hint else ""))
 
 
 def _user_text(row: dict) -> str:
@@ -135,11 +269,16 @@ _N_SEARCHES = re.compile(r"requires?\s+(\d+)\s+search", re.IGNORECASE)
 
 
 def _int(v: Any) -> int | None:
-    try:
-        n = int(v)
-    except (TypeError, ValueError):
+    """A search count: a whole number >= 0 (or its text); None when missing; ShapeError for anything else."""
+    if v is None:
         return None
-    return n if n >= 0 else None
+    try:
+        n = int(v) if not isinstance(v, (bool, float)) or float(v).is_integer() else None
+    except (TypeError, ValueError):
+        n = None
+    if n is None or n < 0 or isinstance(v, bool):
+        raise ShapeError(f"{_shape(v)} ({v!r}); expected a whole number >= 0")
+    return n
 
 
 ANSWER_KEYS = ("answer", "ground_truth", "reward_model.ground_truth", "golden_answers", "extra_info.ground_truth")
@@ -151,27 +290,21 @@ def load_proposer_rows(path: str | Path, default_search_turns: int | None = None
 
     default_search_turns: used for rows that carry no search count anywhere; None makes such a row an error.
     """
-    path = Path(path)
-    out = []
-    for i, row in enumerate(read_records(path)):
-        if limit is not None and len(out) >= limit:
-            break
+    def convert(row: dict, where: str) -> ProposerRow:
         answer = _first(row, ANSWER_KEYS, _answer_value)
         if answer is None:
-            raise _missing(path, i, "ground-truth answer", ANSWER_KEYS, row)
+            raise _missing("ground-truth answer", ANSWER_KEYS, row)
         n = _first(row, TURN_KEYS, _int)
         if n is None:
             m = _N_SEARCHES.search(_user_text(row))
             n = int(m.group(1)) if m else default_search_turns
         if n is None:
-            raise _missing(path, i, "search count", TURN_KEYS + ("'requires N searches' in the user prompt",), row,
-                           "Pass default_search_turns to use one count for every row")
-        ds = row.get("data_source") or ""
+            raise _missing("search count", TURN_KEYS + ("'requires N searches' in the user prompt",), row,
+                           "Give every row a search_turns field (the number of searches its question should need)")
         meta = {k: v for k, v in row.items() if k not in ("answer", "search_turns")}
-        out.append(ProposerRow(answer=answer, search_turns=n, data_source=str(ds), meta=meta))
-    if not out:
-        raise RowError(f"{path}: no rows")
-    return out
+        return ProposerRow(answer=answer, search_turns=n, data_source=str(row.get("data_source") or ""), meta=meta)
+
+    return load_rows(path, convert, limit)
 
 
 def clamp_search_turns(rows: list[ProposerRow], lo: int, hi: int) -> int:
@@ -242,32 +375,39 @@ def _question_from_prompt(row: dict) -> str | None:
     return q or None
 
 
+def _question_text(v: Any) -> str | None:
+    """A question as text: a string, or an object holding one under "text" (Natural Questions' HF export)."""
+    if isinstance(v, dict) and "text" in v:
+        v = v["text"]
+    if v is None or isinstance(v, str):
+        return v.strip() if v and v.strip() else None
+    raise ShapeError(f"{_shape(v)}; expected the question's text")
+
+
 def load_eval_rows(path: str | Path, limit: int | None = None) -> list[EvalRow]:
     """Eval rows (question, golden answers as a list, data source) from JSONL or parquet.
 
     A row without data_source takes the file's stem, so per-source tables still group it.
     """
     path = Path(path)
-    out = []
-    for i, row in enumerate(read_records(path)):
-        if limit is not None and len(out) >= limit:
-            break
-        q = _first(row, QUESTION_KEYS, lambda v: v.strip() if isinstance(v, str) and v.strip() else None)
-        q = q or _question_from_prompt(row)
+    index = itertools.count()  # a row without an id is known by its 0-based position among the rows (as before)
+
+    def convert(row: dict, where: str) -> EvalRow:
+        i = next(index)
+        q = _first(row, QUESTION_KEYS, _question_text) or _question_from_prompt(row)
         if q is None:
-            raise _missing(path, i, "question", QUESTION_KEYS + ("'Question:' in the user prompt",), row)
+            raise _missing("question", QUESTION_KEYS + ("'Question:' in the user prompt",), row)
         golden = _first(row, GOLDEN_KEYS, _answer_value)
         if golden is None:
-            raise _missing(path, i, "golden answers", GOLDEN_KEYS, row)
+            raise _missing("golden answers", GOLDEN_KEYS, row)
         golden = [golden] if isinstance(golden, str) else list(golden)
         ds = str(row.get("data_source") or path.stem)
         rid = _first(row, ("id", "extra_info.index"), lambda v: v)
         rid = str(i if rid is None else rid)
         meta = {k: v for k, v in row.items() if k not in ("question", "golden_answers", "data_source", "id")}
-        out.append(EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta))
-    if not out:
-        raise RowError(f"{path}: no rows")
-    return out
+        return EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta)
+
+    return load_rows(path, convert, limit)
 
 
 def fanoutqa_scalar_answer(ans: Any) -> list[str] | None:

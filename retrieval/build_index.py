@@ -30,6 +30,7 @@ import numpy as np
 
 from retrieval.corpus import DOCS_FILE, DocStore, write_docs
 from retrieval.manifest import MANIFEST, write_manifest
+from utils.errors import InputError, InputFileExists, InputFileMissing, entry_point_error
 
 log = logging.getLogger("retrieval.build_index")
 INDEX_TYPES = ("flat", "hnsw", "ivfpq")
@@ -40,10 +41,10 @@ def _prepare_out(out: Path, overwrite: bool) -> None:
         # Only ever delete a folder that looks like one of ours: `--out . --overwrite` must not wipe a repo.
         ours = {MANIFEST, DOCS_FILE, "docs.done", "emb", "bm25", "index.faiss"}
         if not any((out / name).exists() for name in ours):
-            raise FileExistsError(f"--overwrite: {out} exists but holds no index files; refusing to delete it")
+            raise InputFileExists(f"--overwrite: {out} exists but holds no index files; refusing to delete it")
         shutil.rmtree(out)
     elif (out / MANIFEST).exists():
-        raise FileExistsError(f"{out} already holds a finished index ({MANIFEST} exists); pass --overwrite to rebuild")
+        raise InputFileExists(f"{out} already holds a finished index ({MANIFEST} exists); pass --overwrite to rebuild")
     out.mkdir(parents=True, exist_ok=True)
 
 
@@ -61,7 +62,7 @@ def _ensure_docs(corpus: Path, out: Path) -> int:
         if {k: done.get(k) for k in stamp} == stamp:
             log.info("docs.arrow already written (%d docs), reusing it", done["count"])
             return done["count"]
-        raise RuntimeError(f"{out} holds a partial build from another corpus ({done['corpus']}); "
+        raise InputError(f"{out} holds a partial build from another corpus ({done['corpus']}); "
                            "pass --overwrite or pick another --out")
     n = write_docs(corpus, out)
     marker.write_text(json.dumps({**stamp, "count": n}) + "\n")
@@ -143,13 +144,13 @@ def make_faiss_index(dim: int, n: int, index_type: str, fp16: bool, hnsw_m: int,
         nlist = nlist or max(1, min(int(4 * math.sqrt(n)), n // 39))  # FAISS wants >= 39 training points a list
         pq_m = pq_m or next(m for m in (dim // 8, dim // 4, dim // 2, dim) if dim % m == 0)
         if dim % pq_m:
-            raise ValueError(f"--pq-m {pq_m} must divide the embedding dim {dim}")
+            raise InputError(f"--pq-m {pq_m} must divide the embedding dim {dim}")
         if n < max(256, nlist):
-            raise ValueError(f"IVF-PQ needs at least {max(256, nlist)} documents to train (256 PQ centroids, "
+            raise InputError(f"IVF-PQ needs at least {max(256, nlist)} documents to train (256 PQ centroids, "
                              f"{nlist} lists); this corpus has {n}. Use --index flat or hnsw")
         idx = faiss.IndexIVFPQ(faiss.IndexFlatIP(dim), dim, nlist, pq_m, 8, ip)
         return idx, {"nlist": nlist, "pq_m": pq_m, "nprobe": min(nlist, 32)}
-    raise ValueError(f"--index {index_type!r} is not one of {INDEX_TYPES}")
+    raise InputError(f"--index {index_type!r} is not one of {INDEX_TYPES}")
 
 
 def build_dense(corpus: Path, out: Path, encoder_path: str, device: str = "cpu", index_type: str = "flat",
@@ -163,7 +164,8 @@ def build_dense(corpus: Path, out: Path, encoder_path: str, device: str = "cpu",
     from retrieval.encoder import Encoder, fingerprint, model_name
 
     if index_type not in INDEX_TYPES:
-        raise ValueError(f"--index {index_type!r} is not one of {INDEX_TYPES}")
+        raise InputError(f"--index {index_type!r} is not one of {INDEX_TYPES}")
+    fingerprint(encoder_path)  # a missing or empty --encoder folder is named now, before the corpus is copied
     n = _ensure_docs(corpus, out)
     docs = DocStore(out)
     enc = Encoder(encoder_path, device=device, pooling=pooling, query_prefix=query_prefix,
@@ -174,7 +176,7 @@ def build_dense(corpus: Path, out: Path, encoder_path: str, device: str = "cpu",
     emb_dir.mkdir(exist_ok=True)
     state = emb_dir / "state.json"
     if state.exists() and json.loads(state.read_text()) != ident:
-        raise RuntimeError(f"{emb_dir} holds shards from a build with other settings ({state.read_text().strip()}); "
+        raise InputError(f"{emb_dir} holds shards from a build with other settings ({state.read_text().strip()}); "
                            "rerun with the same flags to resume, or pass --overwrite to start over")
     state.write_text(json.dumps(ident) + "\n")
 
@@ -208,14 +210,14 @@ def build_index(corpus: str | Path, out: str | Path, kind: str, overwrite: bool 
     """Build (or resume building) an index; returns the manifest written to out/manifest.json."""
     corpus, out = Path(corpus), Path(out)
     if not corpus.exists():
-        raise FileNotFoundError(f"corpus {corpus} does not exist (run `python scripts/prepare_data.py` for the demo corpus)")
+        raise InputFileMissing(f"corpus {corpus} does not exist (run `python scripts/prepare_data.py` for the demo corpus)")
     _prepare_out(out, overwrite)
     if kind == "bm25":
         fields = build_bm25(corpus, out, **opts)
     elif kind == "dense":
         fields = build_dense(corpus, out, **opts)
     else:
-        raise ValueError(f"--kind {kind!r} is not bm25 or dense")
+        raise InputError(f"--kind {kind!r} is not bm25 or dense")
     fields["corpus"] = str(corpus.resolve())
     write_manifest(out, fields)
     if not keep_shards:
@@ -271,9 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = dict(k1=a.k1, b=a.b, method=a.method, stopwords=a.stopwords, stemmer=a.stemmer)
     try:
         m = build_index(a.corpus, a.out, a.kind, overwrite=a.overwrite, keep_shards=bool(a.keep_shards), **opts)
-    except (FileExistsError, FileNotFoundError, ValueError, RuntimeError, ImportError) as e:
-        print(f"build_index: error: {e}", file=sys.stderr)
-        return 2
+    except InputError as e:  # the user's corpus, folder or flags; anything else is a bug and keeps its traceback
+        return entry_point_error("build_index", e)
     print(f"built {m['kind']} index of {m['count']} docs in {a.out}")
     return 0
 

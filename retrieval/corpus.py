@@ -17,10 +17,12 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+from utils.errors import InputError
+
 DOCS_FILE = "docs.arrow"
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     pass
 
 
@@ -56,8 +58,15 @@ def iter_corpus(path: str | os.PathLike, batch_size: int = 4096) -> Iterator[tup
 def _iter_jsonl(path: Path, batch_size: int):
     ids, texts = [], []
     n = 0
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    offset = 0
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise CorpusError(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start} of the "
+                                  f"file is not UTF-8 ({e.reason}); the corpus must be UTF-8") from None
+            offset += len(raw)
             if not line.strip():
                 continue
             try:
@@ -81,9 +90,15 @@ def _iter_parquet(path: Path, batch_size: int):
     import pyarrow.parquet as pq
 
     n = 0
-    for batch in pq.ParquetFile(path).iter_batches(batch_size=batch_size):
+    import pyarrow as pa
+
+    try:
+        batches = pq.ParquetFile(path).iter_batches(batch_size=batch_size)
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"{path}: not a readable parquet file ({e})") from None
+    for batch in batches:
         rows = batch.to_pylist()
-        out = [_row_to_doc(r, n + k, f"{path} row {n + k}") for k, r in enumerate(rows)]
+        out = [_row_to_doc(r, n + k, f"{path} row {n + k + 1}") for k, r in enumerate(rows)]  # rows count from 1
         n += len(rows)
         yield [o[0] for o in out], [o[1] for o in out]
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
+from utils.errors import InputError, InputFileMissing
+
 log = logging.getLogger(__name__)
 
 E5_PREFIXES = ("query: ", "passage: ")
@@ -30,7 +32,7 @@ def fingerprint(model_path: str | Path) -> str:
     """
     p = Path(model_path)
     if not p.is_dir():
-        raise FileNotFoundError(f"encoder folder {p} does not exist; pass a local model folder (no hub downloads here)")
+        raise InputFileMissing(f"encoder folder {p} does not exist; pass a local model folder (no hub downloads here)")
     h = hashlib.sha256()
     cfg = p / "config.json"
     if cfg.exists():
@@ -45,7 +47,7 @@ def fingerprint(model_path: str | Path) -> str:
                 fh.seek(-(1 << 20), 2)
                 h.update(fh.read(1 << 20))
     if not weights and not cfg.exists():
-        raise FileNotFoundError(f"{p} holds neither config.json nor weight files; is it a model folder?")
+        raise InputFileMissing(f"{p} holds neither config.json nor weight files; is it a model folder?")
     return h.hexdigest()[:16]
 
 
@@ -67,7 +69,7 @@ def read_st_config(model_path: str | Path) -> dict:
     for m in json.loads(modules.read_text()):
         kind = str(m.get("type", ""))
         if not kind.endswith(_ST_MODULES):
-            raise ValueError(f"{modules}: module {kind!r} is not implemented by retrieval.encoder (only "
+            raise InputError(f"{modules}: module {kind!r} is not implemented by retrieval.encoder (only "
                              f"Transformer, Pooling and Normalize are); its vectors would be wrong. Encode with "
                              f"sentence_transformers.SentenceTransformer, or use an encoder without it")
         if kind.endswith("Pooling"):
@@ -75,7 +77,7 @@ def read_st_config(model_path: str | Path) -> dict:
             on = sorted(k for k, v in pc.items() if k.startswith("pooling_mode_") and v)
             unknown = [k for k in on if k not in _ST_POOLING]
             if unknown or len(on) != 1:
-                raise ValueError(f"{p / m['path'] / 'config.json'}: pooling {on or 'none'} is not supported by "
+                raise InputError(f"{p / m['path'] / 'config.json'}: pooling {on or 'none'} is not supported by "
                                  f"retrieval.encoder, which implements exactly one of {sorted(_ST_POOLING)}; "
                                  f"its vectors would be wrong")
             out["pooling"] = _ST_POOLING[on[0]]

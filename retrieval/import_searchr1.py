@@ -39,7 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.manifest import EncoderMismatch, ManifestError, write_manifest
+from retrieval.manifest import EncoderMismatch, write_manifest
+from utils.errors import InputError, InputFileMissing, entry_point_error
 
 log = logging.getLogger("retrieval.import_searchr1")
 
@@ -54,7 +55,7 @@ _FLAT = {b"IxFI": "inner_product", b"IxF2": "l2", b"IxFl": None}  # IndexFlatIP,
 _METRICS = {0: "inner_product", 1: "l2"}
 
 
-class SearchR1ImportError(ValueError):
+class SearchR1ImportError(InputError):
     """The index and corpus do not fit together (count, dim, or file layout)."""
 
 
@@ -158,7 +159,8 @@ def import_searchr1(index: str | Path, corpus: str | Path, encoder: str | Path, 
     index, corpus, out = Path(index).resolve(), Path(corpus).resolve(), Path(out)
     for what, p in (("--index", index), ("--corpus", corpus)):
         if not p.is_file():
-            raise FileNotFoundError(f"{what} {p} is not a file")
+            raise InputFileMissing(f"{what} {p} is not a file")
+    fingerprint(encoder)  # a missing --encoder folder is named here, not by transformers' loader
     header = read_faiss_header(index)
     index_type = index_type_of(header["fourcc"])
     name = retriever_name or retriever_name_of(index)
@@ -220,9 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                             query_prefix=a.query_prefix, passage_prefix=a.passage_prefix, pooling=a.pooling,
                             max_length=a.max_length, check_docs=a.check_docs, min_cosine=a.min_cosine,
                             device=a.device, overwrite=a.overwrite)
-    except (FileExistsError, FileNotFoundError, ValueError, RuntimeError, ManifestError) as e:
-        print(f"import_searchr1: error: {e}", file=sys.stderr)
-        return 2
+    except InputError as e:  # the user's files or flags; anything else is a bug and keeps its traceback
+        return entry_point_error("import_searchr1", e)
     print(f"{a.out}: {m['count']} docs, {m['index_type']} index {m['index_file']} (not copied), encoder "
           f"{m['encoder_name']} with query prefix {m['query_prefix']!r}. Serve it with:\n"
           f"  python -m retrieval.server --index {a.out} --device cuda --faiss-gpu")

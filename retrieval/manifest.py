@@ -12,16 +12,31 @@ import os
 import time
 from pathlib import Path
 
+from utils.errors import InputError, InputFileMissing
+
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
 
 
-class ManifestError(ValueError):
+class ManifestError(InputError):
     pass
 
 
 class EncoderMismatch(ManifestError):
     pass
+
+
+class IndexFileMissing(ManifestError, InputFileMissing):
+    """The FAISS file an index folder's manifest points at is not there."""
+
+
+# What each kind of index folder must hold beside manifest.json (files; a trailing / is a folder), and the
+# manifest fields its loader reads. An imported dense index's FAISS file lies elsewhere (`index_file`).
+KIND_FILES = {"bm25": ("docs.arrow", "bm25/"), "dense": ("docs.arrow", "index.faiss")}
+KIND_FIELDS = {"bm25": ("count", "bm25"),
+               "dense": ("count", "dim", "index_type", "encoder_name", "encoder_path", "encoder_fingerprint",
+                         "pooling", "normalize", "query_prefix", "passage_prefix", "max_length")}
+REBUILD = "rebuild it (`python -m retrieval.build_index --corpus FILE --out DIR --kind bm25|dense --overwrite`)"
 
 
 def write_manifest(index_dir: str | os.PathLike, fields: dict) -> Path:
@@ -43,12 +58,40 @@ def read_manifest(index_dir: str | os.PathLike) -> dict:
     if not path.exists():
         raise ManifestError(f"{path} not found: {index_dir} is not a finished index "
                             "(build one with `python -m retrieval.build_index --corpus FILE --out DIR --kind bm25|dense`)")
-    m = json.loads(path.read_text())
+    try:
+        m = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise ManifestError(f"{path}: byte offset {e.start} is not UTF-8, so it is no manifest we wrote; {REBUILD}") from None
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); the file is damaged "
+                            f"(a build killed while it was written, or an edit): {REBUILD}") from None
+    if not isinstance(m, dict):
+        raise ManifestError(f"{path}: a JSON {type(m).__name__}, not the object a build writes; {REBUILD}")
     if m.get("format_version") != FORMAT_VERSION:
         raise ManifestError(f"{path}: format_version {m.get('format_version')} is not {FORMAT_VERSION}; rebuild the index")
     if m.get("kind") not in ("bm25", "dense"):
-        raise ManifestError(f"{path}: unknown kind {m.get('kind')!r}")
+        raise ManifestError(f"{path}: unknown kind {m.get('kind')!r} (expected 'bm25' or 'dense'); {REBUILD}")
+    check_folder(index_dir, m)
     return m
+
+
+def check_folder(index_dir: str | os.PathLike, m: dict) -> None:
+    """Refuse a manifest whose kind does not match its folder: the files and fields that kind needs, named."""
+    kind, folder = m["kind"], Path(index_dir)
+    files = [f for f in KIND_FILES[kind] if not (kind == "dense" and f == "index.faiss" and m.get("index_file"))]
+    gone = [f for f in files if not (folder / f.rstrip("/")).exists()]
+    fields = [k for k in KIND_FIELDS[kind] if k not in m]
+    if not gone and not fields:
+        return
+    other = "dense" if kind == "bm25" else "bm25"
+    looks = [f for f in KIND_FILES[other] if f not in KIND_FILES[kind] and (folder / f.rstrip("/")).exists()]
+    raise ManifestError(
+        f"{folder / MANIFEST} says kind {kind!r}, but " + " and ".join(
+            ([f"the folder lacks {', '.join(gone)}"] if gone else [])
+            + ([f"the manifest lacks the field(s) {', '.join(fields)}"] if fields else []))
+        + f" (a {kind} index needs {', '.join(KIND_FILES[kind])}"
+        + (f"; the folder holds {', '.join(looks)}, a {other} index's files: the manifest belongs to another index"
+           if looks else "") + f"); {REBUILD}")
 
 
 def index_file(index_dir: str | os.PathLike, manifest: dict) -> Path:
@@ -57,7 +100,7 @@ def index_file(index_dir: str | os.PathLike, manifest: dict) -> Path:
     name = manifest.get("index_file") or "index.faiss"
     path = Path(index_dir) / name  # an absolute index_file stays as it is
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: the FAISS index of {index_dir} "
+        raise IndexFileMissing(f"{path} not found: the FAISS index of {index_dir} "
                                 + ("has moved; rerun retrieval.import_searchr1 with its new --index"
                                    if manifest.get("index_file") else "is missing; rebuild with --overwrite"))
     return path

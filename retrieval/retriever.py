@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.corpus import DocStore
-from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
+from utils.errors import MissingPackage
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Retriever:
         self.manifest = manifest
         self.docs = DocStore(index_dir)
         if len(self.docs) != manifest["count"]:
-            raise ValueError(f"{index_dir}: docs.arrow holds {len(self.docs)} documents but the manifest says "
+            raise ManifestError(f"{index_dir}: docs.arrow holds {len(self.docs)} documents but the manifest says "
                              f"{manifest['count']}; the folder mixes two builds, rebuild it with --overwrite")
 
     def __len__(self) -> int:
@@ -122,7 +123,7 @@ def _stemmer(name: str | None):
     try:
         import Stemmer  # PyStemmer, optional
     except ImportError:
-        raise ImportError(f"this BM25 index was built with stemmer '{name}', which needs PyStemmer "
+        raise MissingPackage(f"this BM25 index was built with stemmer '{name}', which needs PyStemmer "
                           "(`pip install PyStemmer`)") from None
     return Stemmer.Stemmer(name)
 
@@ -144,12 +145,12 @@ class DenseRetriever(Retriever):
                                query_prefix=manifest["query_prefix"], passage_prefix=manifest["passage_prefix"],
                                max_length=manifest["max_length"], fp16=manifest.get("fp16", False))
         if self.encoder.dim != manifest["dim"]:
-            raise ValueError(f"encoder {enc_path} gives dim {self.encoder.dim}, index {index_dir} holds dim {manifest['dim']}")
+            raise ManifestError(f"encoder {enc_path} gives dim {self.encoder.dim}, index {index_dir} holds dim {manifest['dim']}")
         self.batch_size = batch_size
         path = index_file(index_dir, manifest)  # index.faiss, or an imported index where it lies
         index = faiss.read_index(str(path))
         if index.ntotal != manifest["count"]:
-            raise ValueError(f"{path} holds {index.ntotal} vectors, manifest says {manifest['count']}")
+            raise ManifestError(f"{path} holds {index.ntotal} vectors, manifest says {manifest['count']}; rebuild the index")
         params = manifest.get("index_params", {})
         if manifest["index_type"] in ("ivfpq", "ivf"):
             faiss.extract_index_ivf(index).nprobe = nprobe or params.get("nprobe", 32)
@@ -290,6 +291,6 @@ def load_retriever(index_dir: str | Path, encoder: str | Path | None = None, dev
     m = read_manifest(index_dir)
     if m["kind"] == "bm25":
         if encoder is not None:
-            raise ValueError(f"{index_dir} is a BM25 index; it takes no encoder (got {encoder})")
+            raise ManifestError(f"{index_dir} is a BM25 index; it takes no encoder (got {encoder})")
         return BM25Retriever(index_dir, m)
     return DenseRetriever(index_dir, m, encoder=encoder, device=device, **kw)

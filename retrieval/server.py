@@ -209,6 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
     from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
+    from utils.errors import InputError, entry_point_error
 
     # Cheap checks first, before the port opens: a wrong index/encoder pair must fail loudly now,
     # not after clients have started waiting on it.
@@ -221,9 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ManifestError(f"{a.index} is a BM25 index; --encoder {a.encoder} does not apply to it")
         elif a.faiss_gpu or a.faiss_gpus is not None or a.faiss_fp16:
             raise ManifestError(f"{a.index} is a BM25 index; --faiss-gpu/--faiss-gpus/--faiss-fp16 do not apply to it")
-    except (ManifestError, FileNotFoundError) as e:
-        print(f"retrieval.server: error: {e}", file=sys.stderr)
-        return 2
+    except InputError as e:  # a corrupt or mismatched index, a missing encoder: a message, not a traceback
+        return entry_point_error("retrieval.server", e)
 
     # The server shares its node with trainer ranks (and, here, with other jobs). OpenMP workers
     # that spin between parallel regions (the default) steal those cores, and on an oversubscribed

@@ -26,6 +26,7 @@
 #
 #   bash scripts/learning_proof_cpu.sh                       # rungs 0-3, 3 seeds (the measured run)
 #   RUNGS=3 DISTILL_COEF=0.02 bash scripts/learning_proof_cpu.sh   # another rung-3 setting: first move runs/learning_proof/distill_seed* aside
+#   RUNGS=3 DISTILL=contrast bash scripts/learning_proof_cpu.sh    # rung 3 with --distill contrast (issue 32; aside as above)
 #   RUNGS="1" SEEDS="1 2" QA_STEPS="10 30" bash scripts/learning_proof_cpu.sh
 #   RUNGS="1gae 1" QA_STEPS="10 N" bash scripts/learning_proof_cpu.sh   # rung 1 with a critic, then rung 1 at equal
 #                                                  # wall time (N from the critic's share, printed by the report)
@@ -58,7 +59,8 @@ STEPS=${STEPS:-"10 14"}        # rung 2 milestones (~75 s a step); 14: rung 3's 
 DISTILL_STEPS=${DISTILL_STEPS:-"10"}   # rung 3 milestones
 GAE_STEPS=${GAE_STEPS:-"10"}           # rung 1gae milestones
 CRITIC_LR=${CRITIC_LR:-1e-4}           # rung 1gae: the critic's LR (2x the actor's; fixed before any result)
-DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the sampled-token distillation term
+DISTILL=${DISTILL:-sampled}             # rung 3: --distill form (sampled, contrast or topk)
+DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the distillation term
 DISTILL_CONTEXT=${DISTILL_CONTEXT:-512}  # rung 3: token budget of the teacher's privileged block
 SFT_DEMOS=${SFT_DEMOS:-960}
 LR=${LR:-5e-5}
@@ -160,7 +162,7 @@ SSP_ARGS=(--train_data "$PROPOSER_ROWS" --prompts_per_step "$PROMPTS" --proposer
   --pool_min_solve_rate "$POOL_MIN" --pool_max_solve_rate "$POOL_MAX" --proposer_estimator reinforce++ $SSP_EXTRA)
 GAE_ARGS=("${QA_ARGS[@]}" --solver_estimator gae --critic_lr "$CRITIC_LR" --critic_train_top_layers 8
   --critic_gradient_checkpointing false)
-DISTILL_ARGS=("${SSP_ARGS[@]}" --distill sampled --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")
+DISTILL_ARGS=("${SSP_ARGS[@]}" --distill "$DISTILL" --distill_coef "$DISTILL_COEF" --distill_context_tokens "$DISTILL_CONTEXT")
 
 ladder() {  # rung prefix rl_stage eval_stage milestones train-args...
   local rung=$1 prefix=$2 rl_stage=$3 ev_stage=$4 milestones=$5; shift 5

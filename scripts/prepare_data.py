@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
-from inference.data import fanoutqa_scalar_answer, walk_decomposition  # noqa: E402
+from inference.data import fanoutqa_scalar_answer, read_records, walk_decomposition  # noqa: E402
 from utils import assets  # noqa: E402
+from utils.errors import InputError, entry_point_error  # noqa: E402
 from utils.text import normalize_answer  # noqa: E402
 
 QUIZ_DIR = Path("/usr/share/games/bsdgames/quiz")
@@ -60,8 +61,8 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    with path.open() as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of a file this script wrote earlier; a damaged one (edited by hand) is a RowError naming its line."""
+    return list(read_records(path))
 
 
 # ---------------------------------------------------------------- corpus
@@ -222,7 +223,7 @@ def build_solver_qa(eval_rows: list[dict], out: Path, n: int, seed: int) -> int:
     return min(n, len(rows))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=assets.DATA, help="data folder (default: repo/data or $SSP_DATA_DIR)")
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to build, of {PARTS}")
@@ -232,7 +233,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="seed for the proposer-row and QA draws")
     ap.add_argument("--search_turns", default="2,3", help="MIN,MAX search count n of the proposer rows; keep it in "
                                                         "[train.py --min_searches, --max_turns - 1]")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     parts = [p.strip() for p in args.only.split(",") if p.strip()]
     bad = [p for p in parts if p not in PARTS]
     if bad:
@@ -242,6 +243,8 @@ def main() -> None:
         assert 1 <= lo <= hi
     except (ValueError, AssertionError):
         ap.error(f"--search_turns must be MIN,MAX with 1 <= MIN <= MAX, got {args.search_turns!r}")
+    if args.out.exists() and not args.out.is_dir():
+        ap.error(f"--out {args.out} is a file; pass a folder (it is created if missing)")
 
     try:
         corpus_path = args.out / "corpus" / "wiki.jsonl"
@@ -276,6 +279,8 @@ def main() -> None:
             print(f"models: MiniLM at {assets.minilm_dir()}")
     except assets.MissingAsset as e:
         sys.exit(f"prepare_data: {e}")
+    except InputError as e:  # a damaged file from an earlier run (the message names it and its line): rebuild it
+        sys.exit(entry_point_error("prepare_data", InputError(f"{e}; rebuild it with --force")))
 
 
 if __name__ == "__main__":

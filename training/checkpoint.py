@@ -17,7 +17,9 @@ Layout under <output_dir>/:
 
 A run killed mid-save leaves `latest` on the previous complete checkpoint, so `--resume auto`
 never loads a half-written one; the half-written folder carries this run's id and is replaced
-when the resumed run saves that step again.
+when the resumed run saves that step again. What the folder answers read-only (may a launch use it,
+which complete checkpoint it resumes from, the newest complete one when `latest` is damaged) is
+training/run_state.py's; this module writes, rotates and deletes.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import json
 import os
 import pickle
 import random
-import re
 import shutil
 import time
 import uuid
@@ -36,44 +37,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.run_state import (OPERATIONAL, RUN_ID, STARTED_OVER, TAG_RE, ResumeError, _owner,  # noqa: F401 - re-exported
+                                 ckpt_root, config_diff, config_diff_all, find_resume, output_dir_verdict, resume_offer,
+                                 tag_for)
 from utils import dist as D
-from utils.trackers import flat as _flat  # nested config dict -> {"group.field": value}
+from utils.trackers import flat as _flat  # noqa: F401 - re-exported: nested config dict -> {"group.field": value}
 
-TAG_RE = re.compile(r"^step_(\d+)$")
-RUN_ID = "run_id"
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # per safetensors file of the HF export (save_pretrained's own default is 50GB)
-
-# Config fields that may change between launches of one run: they change how a run is watched,
-# saved, placed in memory or reached over the network, never what it trains. Everything else
-# (model, data, search backends, algorithm, optimizer, seed, vLLM TP and its data split) defines
-# the run, and a different value in an existing output_dir is refused without --overwrite.
-OPERATIONAL = frozenset({
-    "logging.output_dir", "logging.log_every", "logging.sample_every", "logging.tensorboard", "logging.report_to",
-    "logging.dump_rollouts",
-    "optimisation.total_steps",       # extending a run; cosine/linear LR and the simulated-search noise
-                                      # curriculum stretch to the new total from the resumed step on
-    "optimisation.micro_token_budget",  # packing only: the loss normaliser is global
-    "optimisation.max_failed_share", "optimisation.failed_share_window", "optimisation.max_nonfinite_steps",  # guards
-    "model.gradient_checkpointing",   # recompute, same math
-    "deepspeed.gpu_memory_gb", "deepspeed.retriever_gpu_gb",  # only the dry run's memory plan reads them
-    "selfplay.allow_demo_defaults",   # a start-up check; the paths themselves are run-defining
-    "checkpointing.save_every", "checkpointing.max_ckpts", "checkpointing.resume", "checkpointing.export_hf",
-    "checkpointing.overwrite",
-    "critic.export_critic", "critic.critic_offload_param", "critic.critic_gradient_checkpointing",
-    "eval.eval_every", "eval.eval_data", "eval.eval_limit",  # evaluation reads the weights, never trains them
-    "deepspeed.local_rank", "deepspeed.offload_param", "deepspeed.ref_offload",
-    "rollout.gpu_memory_utilization", "rollout.kv_cache_mb", "rollout.sync_bucket_mb",
-    "search.retriever_url", "search.sim_url", "selfplay.judge_url",  # services move between restarts
-})
-STARTED_OVER = ("metrics.jsonl", "samples", "rollouts", "tensorboard", "trackers.json")  # deleted by --overwrite (trackers: new runs)
-
-
-def tag_for(step: int) -> str:
-    return f"step_{step:06d}"
-
-
-def ckpt_root(output_dir: str | Path) -> Path:
-    return Path(output_dir) / "checkpoints"
 
 
 def fault_point(where: str, step: int) -> None:
@@ -85,23 +55,6 @@ def fault_point(where: str, step: int) -> None:
 
 
 # ----------------------------------------------------------------------------- the run folder
-
-def config_diff(old: dict, new: dict) -> dict[str, tuple]:
-    """{"group.field": (old, new)} for every run-defining field whose value differs. A field the
-    old config.json lacks (written before the field existed) counts as its default."""
-    from training.config import Config
-
-    new = _flat(json.loads(json.dumps(new)))
-    old = {**_flat(json.loads(json.dumps(Config().to_dict()))), **_flat(old)}
-    return {k: (old.get(k), v) for k, v in new.items() if k not in OPERATIONAL and old.get(k) != v}
-
-
-def _owner(path: Path) -> str | None:
-    try:
-        return (path / RUN_ID).read_text().strip() or None
-    except OSError:
-        return None
-
 
 def _new_run_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:8]
@@ -141,36 +94,15 @@ def claim_output_dir(output_dir: str | Path, config: dict) -> str:
     when --resume none would start over on top of the run's checkpoints."""
     from training.config import ConfigError
 
-    resume, overwrite = config["checkpointing"]["resume"], bool(config["checkpointing"].get("overwrite"))
+    resume = config["checkpointing"]["resume"]
     out, root = Path(output_dir), ckpt_root(output_dir)
     cfg_file = out / "config.json"
-    has_ckpt = (root / "latest").exists()
-    old, diffs, what = None, {}, ""
-    if cfg_file.exists():
-        try:
-            old = json.loads(cfg_file.read_text())
-        except (OSError, ValueError):
-            old = None
-        if isinstance(old, dict):
-            diffs = config_diff(old, config)
-            what = "these run-defining fields differ:\n" + "\n".join(
-                f"    {k}: {o!r} (in {cfg_file}) -> {n!r} (now)" for k, (o, n) in sorted(diffs.items()))
-        else:
-            diffs, what = {"config.json": None}, f"its {cfg_file} is unreadable, so it cannot be compared"
-    elif has_ckpt:
-        diffs, what = {"config.json": None}, "it holds checkpoints but no config.json, so their run is unknown"
-    if diffs and not overwrite:
-        raise ConfigError(
-            f"--output_dir {out} holds another run: {what}\n"
-            f"  Resuming it with these settings would mix two runs. Pass --overwrite true to start over in this "
-            f"folder (deletes that run's checkpoints, metrics.jsonl, samples/ and tensorboard/), or pick another "
-            f"--output_dir. Fields that may change on resume: {', '.join(sorted(OPERATIONAL))}")
-    if resume == "none" and has_ckpt and not diffs and not overwrite:
-        raise ConfigError(f"--resume none would start over in {out}, on top of its checkpoints "
-                          f"({(root / 'latest').read_text().strip()} is the latest); pass --overwrite true to replace "
-                          f"them, --resume auto to continue, or pick another --output_dir")
+    v = output_dir_verdict(out, config)  # training/run_state.py: the same verdict --dry_run reads
+    if v.refusal:
+        raise ConfigError(v.refusal)
+    old, diffs, has_ckpt = v.old, v.diffs, v.has_ckpt
     prev = _owner(root)
-    if overwrite and (diffs or (resume == "none" and has_ckpt)):
+    if v.starts_over:
         # an explicit --resume folder inside this run is kept: it is what the new start loads
         keep = Path(resume).resolve() if resume not in ("auto", "none") else None
         deleted = 0
@@ -187,7 +119,7 @@ def claim_output_dir(output_dir: str | Path, config: dict) -> str:
               f"(folders of other runs are kept)", flush=True)
         prev = None
     elif isinstance(old, dict):
-        changed = {k: v for k, v in config_diff_all(old, config).items() if k not in diffs}
+        changed = {k: d for k, d in config_diff_all(old, config).items() if k not in diffs}
         if changed:
             print("config.json: operational fields changed since the last launch: "
                   + ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in sorted(changed.items())), flush=True)
@@ -199,12 +131,6 @@ def claim_output_dir(output_dir: str | Path, config: dict) -> str:
     root.mkdir(parents=True, exist_ok=True)
     _write_atomic(root / RUN_ID, rid + "\n")
     return rid
-
-
-def config_diff_all(old: dict, new: dict) -> dict[str, tuple]:
-    """Like config_diff, but over every field (operational ones too), ignoring local_rank."""
-    new, old = _flat(json.loads(json.dumps(new))), _flat(old)
-    return {k: (old.get(k), v) for k, v in new.items() if k in old and old[k] != v and k != "deepspeed.local_rank"}
 
 
 def prepare_output_dir(cfg) -> str:
@@ -336,6 +262,9 @@ def read_client_state(path: Path) -> dict:
             f"{path} holds objects other than plain types and tensors, so it is not loaded (torch.load "
             f"weights_only=True; an older version of this trainer wrote numpy RNG states this way). If you trust the "
             f"file, set SSP_TRUST_CHECKPOINT=1 once; the next checkpoint is written in the safe form.\n{e}") from e
+    except (OSError, RuntimeError) as e:  # a truncated zip: "[Errno 22] Invalid argument" / "failed finding central directory"
+        raise ResumeError(f"{path} cannot be read ({e}): the checkpoint {path.parent} is damaged. "
+                          f"{resume_offer(path.parent.parent, skip=(path.parent.name,))}") from None
 
 
 # ----------------------------------------------------------------------------- HF export
@@ -555,25 +484,6 @@ def _rotate(root: Path, keep: int) -> None:
     for _, p in ours[:-keep]:
         if p.name != latest:
             _trash(p)
-
-
-def find_resume(output_dir: str | Path, resume: str) -> Path | None:
-    """`auto`: the latest complete checkpoint under output_dir, or None. `none`: None.
-    Anything else: that checkpoint folder, which must exist."""
-    if resume == "none":
-        return None
-    if resume == "auto":
-        marker = ckpt_root(output_dir) / "latest"
-        if not marker.exists():
-            return None
-        path = ckpt_root(output_dir) / marker.read_text().strip()
-        if not path.is_dir():
-            raise FileNotFoundError(f"{marker} names {path.name}, which is missing; pass --resume none to start over")
-        return path
-    path = Path(resume)
-    if not path.is_dir() or not TAG_RE.match(path.name):
-        raise FileNotFoundError(f"--resume {resume}: expected a checkpoint folder like {ckpt_root(output_dir) / tag_for(10)}")
-    return path
 
 
 def load(engine, path: Path, extra: dict | None = None) -> dict:

@@ -24,6 +24,7 @@ from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
 from inference.rollout import RolloutConfig
 from training.input_checks import model_path_errors, report_to_errors
+from utils.errors import InputError
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
 SEARCH_BACKENDS = ("retriever", "simulated", "self", "none")
@@ -215,9 +216,10 @@ class AlgoArgs:
     distill: str = F("off", "self-distillation of the solver (issue 22): 'sampled' adds beta x (log q_T - log p_S) of "
                             "each sampled token to its advantage, q_T being the same model given the proposer's "
                             "question construction path (or the answer, --distill_hint) as privileged context; "
+                            "'contrast' adds beta x (log q_T - log q_T given another question's path) (issue 32); "
                             "'topk' adds beta x the reverse KL of the student from q_T over q_T's top --distill_topk "
                             "tokens at each sampled position (both renormalised there) to the loss, advantages unchanged",
-                     choices=("off", "sampled", "topk"))
+                     choices=("off", "sampled", "contrast", "topk"))
     distill_topk: int = F(16, "K of --distill topk: the teacher's top-K tokens per position the KL sums over; "
                               "K = the vocabulary size gives the exact full-vocabulary reverse KL (memory: the "
                               "teacher's ids and log-probs take 12 x K bytes per solver token until the update)")
@@ -332,7 +334,7 @@ class CkptArgs:
     overwrite: bool = F(False, "start over in an --output_dir whose config.json differs in a run-defining field (or "
                                "with --resume none over its checkpoints): deletes that run's checkpoints, "
                                "metrics.jsonl, samples/ and tensorboard/. Without it such a folder is refused; "
-                               "fields that may change on resume are listed in training/checkpoint.py OPERATIONAL")
+                               "fields that may change on resume are listed in training/run_state.py OPERATIONAL")
 
 
 @dataclass
@@ -423,7 +425,7 @@ def resolve_defaults(cfg: Config, world_size: int | None = None) -> Config:
     return cfg
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     pass
 
 
@@ -457,6 +459,9 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
         errs.append(f"--proposer_n and --solver_n must both be >= 1 (got {sp.proposer_n}, {sp.solver_n})")
     if a.solver_estimator in ("grpo", "grpo_no_std", "rloo", "reinforce++_baseline") and sp.solver_n < 2:
         errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
+    if r.temperature <= 0:  # the log-probs divide by it; and a group of greedy samples is one answer, advantage 0
+        errs.append(f"--temperature must be > 0 to train (got {r.temperature:g}): the policy's log-probs divide the "
+                    f"logits by it, and greedy rollouts give a group no spread to learn from")
     if a.tis_cap and r.temperature != 1.0:
         errs.append("--tis_cap compares train log-probs with vLLM's raw (temperature-1) log-probs; it needs --temperature 1.0")
     if a.old_logprobs == "rollout" and (r.temperature != 1.0 or r.top_p != 1.0):
@@ -480,6 +485,9 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
             errs.append(f"--distill_topk must be >= 1 (the teacher's top-K tokens per position), got {a.distill_topk}")
         if not sp.solver_enable:
             errs.append(f"--distill {a.distill} trains the solver toward a teacher: it needs --solver_enable true")
+        if a.distill == "contrast" and not sp.self_play_enable:
+            errs.append("--distill contrast scores the solver's tokens under its question's construction path against "
+                        "another question's; fixed QA rows have none: it needs --self_play_enable true")
         # +32: the block's blank lines and the chat template's room around it
         if o.micro_token_budget < r.max_total_tokens + a.distill_context_tokens + 32:
             errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "

@@ -1,11 +1,14 @@
 """Dense self-distillation for the solver (issue 22): pure tensor functions.
 
 The teacher is the same LLM given privileged context; it scores the tokens the
-student (solver) sampled. Two forms, chosen by one flag (DISTILL_MODES):
+student (solver) sampled. Three forms, chosen by one flag (DISTILL_MODES):
 
   "sampled"  per-token reward r_t = log q_T(y_t) - log p_S(y_t) (both detached),
              added with weight beta to the outcome advantage of each sampled token:
              A'_t = A_t + beta * r_t   (`sampled_token_advantage`).
+  "contrast" r_t = log q_T(y_t | right path) - log q_T(y_t | wrong path): the teacher under the
+             question's own privileged block minus under another question's (issue 32; RLCSD),
+             added like "sampled"   (`contrast_token_advantage`; training/contrast.py).
   "topk"     reverse KL of the student from the teacher on the teacher's top-K set,
              KL_t = sum_{k in TopK_T(t)} p~_S(k) (log p~_S(k) - log q~_T(k)),
              p~, q~ = softmax renormalised over TopK_T(t)   (`teacher_topk`,
@@ -26,7 +29,7 @@ import torch
 from training.logprobs import _chunk_logits, auto_chunk_size
 from training.loss import AGG_MODES, _aggregate, _segments
 
-DISTILL_MODES = ("sampled", "topk")
+DISTILL_MODES = ("sampled", "contrast", "topk")
 BETA_SCHEDULES = ("constant", "linear", "cosine")
 
 
@@ -80,22 +83,40 @@ def sampled_token_advantage(advantages, teacher_logprobs, student_logprobs, loss
     exactly their advantage (whatever it is); beta == 0 returns `advantages` bitwise.
     Raises ValueError on non-finite log-probs of masked teacher tokens.
     """
+    return _add_log_ratio(advantages, {"teacher_logprobs": teacher_logprobs, "student_logprobs": student_logprobs},
+                          loss_mask, beta, has_teacher, cu_seqlens)
+
+
+def _add_log_ratio(advantages, named, loss_mask, beta, has_teacher, cu_seqlens):
+    """A_t + beta * (first - second of `named`) on masked teacher tokens; the checks of both callers."""
     if not (math.isfinite(beta) and beta >= 0):
         raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     m = loss_mask.bool()
-    _check_shapes(m, advantages=advantages, teacher_logprobs=teacher_logprobs, student_logprobs=student_logprobs)
+    _check_shapes(m, advantages=advantages, **named)
     use = m & _teacher_tokens(has_teacher, m, cu_seqlens)
     adv = advantages.detach()
     if beta == 0:
         return adv                                   # adv + 0 * r would turn -0.0 into +0.0
-    t_lp, s_lp = teacher_logprobs.detach(), student_logprobs.detach()
-    bad = [n for n, x in (("teacher_logprobs", t_lp), ("student_logprobs", s_lp))
-           if not bool((torch.isfinite(x) | ~use).all())]
+    a_lp, b_lp = (x.detach() for x in named.values())
+    bad = [n for n, x in zip(named, (a_lp, b_lp)) if not bool((torch.isfinite(x) | ~use).all())]
     if bad:
         raise ValueError(f"non-finite values (NaN/inf) on loss-masked teacher tokens in {bad}")
-    zero = torch.zeros((), dtype=t_lp.dtype, device=t_lp.device)
-    r = torch.where(use, t_lp, zero) - torch.where(use, s_lp, zero)
+    zero = torch.zeros((), dtype=a_lp.dtype, device=a_lp.device)
+    r = torch.where(use, a_lp, zero) - torch.where(use, b_lp, zero)
     return torch.where(use, adv + beta * r, adv).to(adv.dtype)
+
+
+def contrast_token_advantage(advantages, right_logprobs, wrong_logprobs, loss_mask, beta, has_both,
+                             *, cu_seqlens=None) -> torch.Tensor:
+    """A'_t = A_t + beta * (log q_T(y_t | right) - log q_T(y_t | wrong)) on masked tokens with both teachers.
+
+    RLCSD's contrast (arXiv 2606.11709): text both teachers score alike gets exactly 0. It is
+    `sampled_token_advantage` with the wrong-path teacher in the student's place: the student's own
+    log-prob cancels, (log q_R - log p_S) - (log q_W - log p_S). Same masking, beta == 0 and
+    non-finite rules; has_both as has_teacher (None: every token has both teachers).
+    """
+    return _add_log_ratio(advantages, {"right_logprobs": right_logprobs, "wrong_logprobs": wrong_logprobs},
+                          loss_mask, beta, has_both, cu_seqlens)
 
 
 def logp_gap_metrics(teacher_logprobs, student_logprobs, loss_mask, has_teacher=None, *, cu_seqlens=None):

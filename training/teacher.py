@@ -18,11 +18,15 @@ the advantages stay as they are, and `TopKTerm` adds beta x KL(p~_S || q~_T) ove
 as its log-probs) to the loss of the solver's sampled tokens with a teacher, aggregated like the policy
 loss with its normaliser (distill.distill_kl_loss).
 
+--distill contrast (training/contrast.py): a second teacher sequence per covered trajectory, the block of
+another question's path in place of its own; the advantages gain beta x (log q_T right - log q_T wrong).
+`dense_term` is the trainer's entry point for all three forms.
+
 Metrics (distill/*, summed over ranks before the ratios): kl = mean of log p_S - log q_T over covered
 sampled tokens (the sampled estimate of KL(p_S || q_T)); in topk mode the top-K KL itself, its mean over
-the covered tokens of every update micro-batch (TopKTerm.metrics); logp_gap (sampled only) = its
+the covered tokens of every update micro-batch (TopKTerm.metrics); logp_gap (not topk) = its
 negative, coverage = covered sampled tokens / all solver sampled tokens, with_teacher = solver
-trajectories that had one, beta.
+trajectories that had one, beta; contrast adds its own three (training/contrast.py).
 """
 
 from __future__ import annotations
@@ -37,14 +41,18 @@ from inference.trajectory import Trajectory
 from utils import dist as D
 
 
+def path_block(answer: Any, qcp: dict | None, tokenizer: Any, max_tokens: int, hint: bool) -> str | None:
+    """The privileged block of a question with golden `answer` and construction path `qcp` (None: none)."""
+    if qcp:
+        return teacher_context(tokenizer, answer, qcp.get("queries"), qcp.get("docs"), max_tokens)
+    if hint and answer:
+        return teacher_context(tokenizer, answer, None, None, max_tokens)
+    return None
+
+
 def privileged_block(t: Trajectory, tokenizer: Any, max_tokens: int, hint: bool) -> str | None:
     """The teacher's privileged block for solver trajectory `t`, or None when it gets no teacher."""
-    qcp = (t.info.get("meta") or {}).get("qcp")
-    if qcp:
-        return teacher_context(tokenizer, t.answer, qcp.get("queries"), qcp.get("docs"), max_tokens)
-    if hint and t.answer:
-        return teacher_context(tokenizer, t.answer, None, None, max_tokens)
-    return None
+    return path_block(t.answer, (t.info.get("meta") or {}).get("qcp"), tokenizer, max_tokens, hint)
 
 
 def teacher_trajectory(t: Trajectory, prompt_ids: list[int]) -> Trajectory:
@@ -57,13 +65,17 @@ def teacher_trajectory(t: Trajectory, prompt_ids: list[int]) -> Trajectory:
 
 
 def teacher_logprobs(trajs: Sequence[Trajectory], tokenizer: Any, template: str, max_tokens: int, hint: bool,
-                     forward: Callable[[list[Trajectory]], list[torch.Tensor]]) -> tuple[list, list[str | None]]:
+                     forward: Callable[[list[Trajectory]], list[torch.Tensor]],
+                     blocks: Sequence[str | None] | None = None) -> tuple[list, list[str | None]]:
     """Per trajectory, the teacher's log-prob of each of its tokens (aligned to `t.token_ids`, 0 on the prompt),
     or None without a teacher; and the privileged blocks. `forward` is the trainer's forward_logprobs on the
     teacher engine: collective, so every rank calls it, with an empty list where it has no teacher. A
     `forward` that returns a tuple per sequence (forward_topk: ids, log-probs, each (L, K)) gets each
-    member aligned the same way, zero rows on the student's prompt."""
-    blocks = [privileged_block(t, tokenizer, max_tokens, hint) if t.role == "solver" else None for t in trajs]
+    member aligned the same way, zero rows on the student's prompt. `blocks` (one per trajectory, None: no
+    teacher) replaces each solver's own privileged block (--distill contrast's wrong paths)."""
+    if blocks is None:
+        blocks = [privileged_block(t, tokenizer, max_tokens, hint) if t.role == "solver" else None for t in trajs]
+    blocks = list(blocks)
     idx = [i for i, b in enumerate(blocks) if b is not None]
     seqs = [teacher_trajectory(trajs[i], build_teacher_prompt(tokenizer, trajs[i].question, blocks[i], template))
             for i in idx]
@@ -122,7 +134,42 @@ def finish_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:
     if "gap_sum" in sums:
         gap = sums["gap_sum"] / cov if cov else float("nan")
         out.update({"distill/logp_gap": gap, "distill/kl": -gap})
+    if "contrast_sum" in sums:   # --distill contrast (training/contrast.py)
+        both = sums["both"]
+        out.update({"distill/contrast_gap": sums["contrast_sum"] / both if both else float("nan"),
+                    "distill/contrast_coverage": both / sums["solver_tokens"] if sums["solver_tokens"] else 0.0,
+                    "distill/with_contrast": sums["with_contrast"]})
     return out
+
+
+def dense_term(trajs: Sequence[Trajectory], adv: list[torch.Tensor], old: list[torch.Tensor], beta: float,
+               forward: Callable, tokenizer: Any, cfg: Any, pool_items: Sequence[dict] = (), step: int = 0,
+               played: Sequence[Trajectory] | None = None
+               ) -> tuple[list[torch.Tensor], dict[str, float], "TopKTerm | None"]:
+    """The trainer's teacher pass for cfg.algorithm.distill: (advantages, this rank's sums for `finish_metrics`,
+    the top-K loss term or None). sampled and contrast change the advantages; topk leaves them and returns
+    the term. `forward` scores teacher sequences (forward_logprobs, or forward_topk for topk); contrast
+    draws its wrong paths from the questions of `played` (every trajectory the rank played this step, trained
+    or not; None: `trajs`), else from `pool_items` (the rank's question pool).
+    Each trajectory with a teacher gets info["teacher_context"], which samples/ shows."""
+    a = cfg.algorithm
+    args = (tokenizer, cfg.model.template, a.distill_context_tokens, a.distill_hint)
+    term = None
+    if a.distill == "contrast":
+        from training.contrast import apply_contrast, contrast_logprobs, wrong_paths
+        wrong = wrong_paths(trajs, a.distill_hint, pool_items, cfg.optimisation.seed, step, played)
+        teacher, wrong_lp, blocks, wrong_blocks = contrast_logprobs(trajs, *args, forward, wrong)
+        adv, sums = apply_contrast(trajs, adv, old, teacher, wrong_lp, beta)
+        blocks = [b if w is None else f"{b}\n--- contrast: another question's path (the wrong one) ---\n{w}"
+                  for b, w in zip(blocks, wrong_blocks)]
+    else:
+        teacher, blocks = teacher_logprobs(trajs, *args, forward)
+        term = TopKTerm(trajs, teacher, beta, cfg.rollout.temperature) if a.distill == "topk" else None
+        adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
+    for t, b in zip(trajs, blocks):
+        if b is not None:
+            t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
+    return adv, sums, term
 
 
 # ----------------------------------------------------------------------------- the top-K form

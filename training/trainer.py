@@ -98,7 +98,8 @@ def seed_everything(seed: int) -> None:
 
 
 class SSPTrainer:
-    def __init__(self, cfg: Config):
+    def __init__(self, cfg: Config, inputs=None):
+        """`inputs`: train.py's preflight (training/preflight.py), read before the process group; None reads them here."""
         D.init_distributed()
         auto_b = cfg.selfplay.prompts_per_step == 0
         if auto_b and cfg.checkpointing.resume != "none" and not cfg.checkpointing.overwrite:
@@ -116,8 +117,11 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        from training.checkpoint import prepare_output_dir
+        from training.checkpoint import find_resume, prepare_output_dir
+        from training.preflight import preflight
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
+        self.inputs = inputs if inputs is not None else preflight(cfg)
+        self.resume_from = find_resume(self.out, cfg.checkpointing.resume)  # a damaged checkpoint: refused before the model
         self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
                              config=cfg.to_dict())
         self._build()
@@ -153,7 +157,7 @@ class SSPTrainer:
         return False
 
     def _build(self) -> None:
-        from inference.data import clamp_search_turns, load_proposer_rows
+        from inference.data import clamp_search_turns
         from inference.engines import VLLMEngine
         from inference.hf_engine import HFEngine
         from inference.game import SEED_STEP, GameConfig, QuestionPool
@@ -205,34 +209,20 @@ class SSPTrainer:
             proposer_reward=sp.proposer_reward, invalid_penalty=sp.format_penalty,
             seed=cfg.optimisation.seed + 7919 * self.dp_rank)
         self.pool = QuestionPool(sp.pool_size, seed=cfg.optimisation.seed + self.dp_rank)
-        if sp.pool_init:
-            from inference.data import load_eval_rows
-            for r in load_eval_rows(sp.pool_init):
-                self.pool.add(r.question, r.golden_answers, step=SEED_STEP)  # the user's rows: clearing keeps them
-        self.rows = load_proposer_rows(sp.train_data) if sp.self_play_enable else []
+        for r in self.inputs.pool_rows:
+            self.pool.add(r.question, r.golden_answers, step=SEED_STEP)  # the user's rows: clearing keeps them
+        self.rows = self.inputs.rows
         moved = clamp_search_turns(self.rows, sp.min_searches, cfg.rollout.max_turns - 1)
         if moved:
             print0(f"--train_data: {moved} of {len(self.rows)} rows ask for a search count outside "
                    f"[--min_searches {sp.min_searches}, --max_turns - 1 = {cfg.rollout.max_turns - 1}]; clamped into it")
-        self.qa_rows = self._load_rows(sp.qa_data, None)
-        for name, rows, wanted in (("--train_data", self.rows, sp.self_play_enable), ("--qa_data", self.qa_rows, bool(sp.qa_data))):
-            if wanted and not rows:
-                raise ValueError(f"{name} holds no rows")
-        self.eval_rows = self._load_eval_rows()
-
-    def _load_eval_rows(self):
-        return self._load_rows(self.cfg.eval.eval_data, self.cfg.eval.eval_limit)
-
-    @staticmethod
-    def _load_rows(paths: str, limit: int | None):
-        from inference.data import load_eval_rows
-        return [r for p in paths.split(",") if p.strip() for r in load_eval_rows(p.strip(), limit=limit)]
+        self.qa_rows, self.eval_rows = self.inputs.qa_rows, self.inputs.eval_rows
 
     def _resume(self) -> None:
         from inference.game import QuestionPool
         from training import checkpoint as C
 
-        path = C.find_resume(self.out, self.cfg.checkpointing.resume)
+        path = self.resume_from  # found (and checked) before the model was built
         if path is None:
             return
         state = C.load(self.actor, path, extra={"critic": self.critic} if self.critic is not None else None)
@@ -407,7 +397,7 @@ class SSPTrainer:
         distill, term = {}, None
         if cfg.algorithm.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
             with self._timer(times, "teacher"):
-                adv, distill, term = self._distill(trajs, adv, old)
+                adv, distill, term = self._distill(trajs, adv, old, game.trajectories)
         gap = self._rollout_lp_gap(trajs, old)
         with self._timer(times, "update"):
             upd = {}
@@ -485,25 +475,21 @@ class SSPTrainer:
             all_reduce=_all_reduce_tensor)
         return adv, returns
 
-    def _distill(self, trajs, adv, old) -> tuple[list[torch.Tensor], dict, object]:
-        """Self-distillation (training/teacher.py): the teacher scores the solver's own tokens under a privileged
-        prompt. sampled: its log-probs join the advantages with this step's beta; topk: its top-K make the
+    def _distill(self, trajs, adv, old, played=None) -> tuple[list[torch.Tensor], dict, object]:
+        """Self-distillation (training/teacher.py dense_term): the teacher scores the solver's own tokens under a
+        privileged prompt. sampled: its log-probs join the advantages with this step's beta; contrast: so does
+        their gap to the teacher under another question's path (training/contrast.py); topk: its top-K make the
         loss term (TopKTerm) that ppo_update adds, and the advantages stay."""
         from training.distill import beta_at
-        from training.teacher import TopKTerm, apply_sampled, coverage_sums, finish_metrics, forward_topk, teacher_logprobs
+        from training.teacher import dense_term, finish_metrics, forward_topk
         a, temp = self.cfg.algorithm, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)
         engine = self.engines.ref if a.distill_teacher == "reference" else self.actor
         fwd = ((lambda seqs: forward_topk(engine, seqs, a.distill_topk, temp, self.cfg.optimisation.micro_token_budget))
                if a.distill == "topk" else (lambda seqs: self.forward_logprobs(engine, seqs)))
-        teacher, blocks = teacher_logprobs(trajs, self.tokenizer, self.cfg.model.template, a.distill_context_tokens,
-                                           a.distill_hint, fwd)
-        for t, b in zip(trajs, blocks):
-            if b is not None:
-                t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
-        term = TopKTerm(trajs, teacher, beta, temp) if a.distill == "topk" else None
-        adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
+        adv, sums, term = dense_term(trajs, adv, old, beta, fwd, self.tokenizer, self.cfg, self.pool.items, self.step,
+                                     played)
         keys = sorted(sums)
         return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta), term
 

@@ -4,6 +4,7 @@ search-count mix (--search_turns_mix) drawn over proposer rows."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pyarrow as pa
@@ -78,14 +79,14 @@ def test_proposer_ssp_processed(tmp_path, writer, suffix):
 
 def test_proposer_errors_name_file_and_field(tmp_path):
     p = write_jsonl(tmp_path / "bad.jsonl", [{"answer": "x", "search_turns": 1}, {"title": "no answer"}])
-    with pytest.raises(RowError, match=r"bad\.jsonl: row 1 has no ground-truth answer .*'title'"):
+    with pytest.raises(RowError, match=r"bad\.jsonl: line 2: no ground-truth answer .*'title'"):
         load_proposer_rows(p)
     p = write_jsonl(tmp_path / "nocount.jsonl", [{"answer": "x"}])
-    with pytest.raises(RowError, match=r"nocount\.jsonl: row 0 has no search count.*default_search_turns"):
+    with pytest.raises(RowError, match=r"nocount\.jsonl: line 1: no search count.*search_turns field"):
         load_proposer_rows(p)
     assert load_proposer_rows(p, default_search_turns=2)[0].search_turns == 2
     (tmp_path / "broken.jsonl").write_text('{"answer": "x", "search_turns": 1}\n{oops\n')
-    with pytest.raises(RowError, match=r"broken\.jsonl:2: not valid JSON"):
+    with pytest.raises(RowError, match=r"broken\.jsonl: line 2: not valid JSON"):
         load_proposer_rows(tmp_path / "broken.jsonl")
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         load_proposer_rows(tmp_path / "nope.jsonl")
@@ -122,11 +123,76 @@ def test_eval_rows_defaults_and_errors(tmp_path):
     r = load_eval_rows(p)[0]
     assert r.golden_answers == ["single"] and r.data_source == "mysrc" and r.id == "0"
     p = write_jsonl(tmp_path / "noq.jsonl", [{"golden_answers": ["x"]}])
-    with pytest.raises(RowError, match=r"noq\.jsonl: row 0 has no question"):
+    with pytest.raises(RowError, match=r"noq\.jsonl: line 1: no question"):
         load_eval_rows(p)
     p = write_jsonl(tmp_path / "nog.jsonl", [{"question": "q?", "golden_answers": []}])
-    with pytest.raises(RowError, match=r"nog\.jsonl: row 0 has no golden answers"):
+    with pytest.raises(RowError, match=r"nog\.jsonl: line 1: no golden answers"):
         load_eval_rows(p)
+
+
+# ---- answers in the shapes QA exports give them (issue 33): read as their text, or refused by shape
+
+@pytest.mark.parametrize("value, texts", [
+    ("Paris", ["Paris"]),
+    (["Paris", "paris", "Paris"], ["Paris", "paris"]),
+    ([{"text": "Paris", "answer_start": 17}, {"text": "City of Paris", "answer_start": 3}], ["Paris", "City of Paris"]),  # SQuAD / NQ
+    ({"text": ["Paris", "Paris"], "answer_start": [17, 40]}, ["Paris"]),                                   # HF squad
+    ({"value": "Paris", "aliases": ["Paris", "City of Light"], "normalized_value": "paris"}, ["Paris", "City of Light"]),  # TriviaQA
+    ({"target": ["ABBA"]}, ["ABBA"]),                                                                       # verl
+    (1969, ["1969"]), (1969.0, ["1969"]), (2.5, ["2.5"]), ([["a", "b"], "c"], ["a", "b", "c"]), ([], []), (None, []),
+])
+def test_answer_texts_reads_every_common_shape(value, texts):
+    from inference.data import answer_texts
+    assert answer_texts(value) == texts
+
+
+@pytest.mark.parametrize("value, shape", [
+    (True, "a boolean (true)"),
+    ({"answer_start": 3}, "an object with keys ['answer_start']"),
+    ([{"span": "Paris"}], "a list of objects with keys ['span']"),
+    ([1, {"x": 2}], "a list mixing numbers and objects with keys ['x']"),
+])
+def test_answer_texts_refuses_other_shapes_by_name(value, shape):
+    from inference.data import ShapeError, answer_texts
+    with pytest.raises(ShapeError, match=re.escape(shape)):
+        answer_texts(value)
+
+
+@pytest.mark.parametrize("writer, suffix, where", [(write_jsonl, ".jsonl", "line 2"), (write_parquet, ".parquet", "row 2")])
+def test_squad_answers_are_their_text_in_every_loader(tmp_path, writer, suffix, where):
+    squad = [{"text": "Paris", "answer_start": 17}]
+    got = load_eval_rows(writer(tmp_path / f"e{suffix}", [{"question": "Capital of France?", "answers": squad}]))
+    assert got[0].golden_answers == ["Paris"]                    # it was "{'text': 'Paris', 'answer_start': 17}"
+    got = load_proposer_rows(writer(tmp_path / f"p{suffix}", [{"answer": squad, "search_turns": 2}]))
+    assert got[0].answer == ["Paris"]
+    bad = [{"question": "q1", "answers": [{"span": 0}]}, {"question": "q2", "answers": [{"span": 1}]}]
+    with pytest.raises(RowError, match=rf"b{re.escape(suffix)}: 2 rows cannot be read(.|\n)*{where}: field 'answers' is "
+                                       rf"a list of objects with keys \['span'\]"):
+        load_eval_rows(writer(tmp_path / f"b{suffix}", bad))
+
+
+def test_every_bad_row_of_a_file_is_found_in_one_pass(tmp_path):
+    p = tmp_path / "many.jsonl"
+    good = json.dumps({"question": "q", "golden_answers": ["a"]})
+    p.write_bytes("\n".join([good, "{oops", good, json.dumps({"question": "q"})] + ["[1]"] * 6).encode() + b"\n"
+                  + b'{"question": "caf\xe9", "golden_answers": ["x"]}\n')
+    with pytest.raises(RowError) as e:
+        load_eval_rows(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}: 9 rows cannot be read (the first 5 shown):") and msg.count("\n    line ") == 5
+    assert "line 2: not valid JSON" in msg and "line 4: no golden answers" in msg and "line 5: a list" in msg
+    # a non-UTF-8 byte names its line and byte offset (it was a bare UnicodeDecodeError)
+    (tmp_path / "latin1.jsonl").write_bytes(good.encode() + b"\n" + '{"question": "café", "golden_answers": ["x"]}'.encode("latin-1"))
+    at = len(good) + 1 + len('{"question": "caf')
+    with pytest.raises(RowError, match=rf"latin1\.jsonl: line 2: byte 0xe9 at byte offset {at} of the file is not UTF-8"):
+        load_eval_rows(tmp_path / "latin1.jsonl")
+    # a JSON array counts items from 1; a search count of the wrong shape is named
+    (tmp_path / "arr.json").write_text(json.dumps([{"answer": "x", "search_turns": 2}, {"answer": "y", "search_turns": "two"}]))
+    with pytest.raises(RowError, match=r"arr\.json: item 2: field 'search_turns' is text \('two'\); expected a whole number"):
+        load_proposer_rows(tmp_path / "arr.json")
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(RowError, match="no rows"):
+        load_proposer_rows(tmp_path / "empty.jsonl")
 
 
 def test_bundled_files_load():

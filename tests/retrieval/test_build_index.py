@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from retrieval.build_index import build_index, main, make_faiss_index
+from utils.errors import InputError
 
 
 def _vectors(index_dir):
@@ -76,9 +77,9 @@ def test_unfinished_shard_is_redone(tmp_path, tiny_corpus, minilm, dense_index):
 
 def test_resume_with_other_settings_is_refused(tmp_path, tiny_corpus, minilm, dense_index):
     out = _copy_partial(dense_index, tmp_path / "idx")
-    with pytest.raises(RuntimeError, match="other settings"):
+    with pytest.raises(InputError, match="other settings"):  # the user's flags: a message at the command line
         build_index(tiny_corpus, out, "dense", encoder_path=minilm, shard_size=16)
-    with pytest.raises(RuntimeError, match="other settings"):
+    with pytest.raises(InputError, match="other settings"):  # the user's flags: a message at the command line
         build_index(tiny_corpus, out, "dense", encoder_path=minilm, shard_size=32, query_prefix="query: ")
 
 

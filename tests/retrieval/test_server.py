@@ -151,6 +151,7 @@ def test_wrong_encoder_is_refused_before_the_port_opens(dense_index, bm25_index,
     assert p.returncode == 2 and "BM25 index" in p.stderr
     p = run("--index", str(dense_index.parent / "missing"))
     assert p.returncode == 2 and "not a finished index" in p.stderr
+    assert "Traceback" not in p.stderr  # an input mistake is a message (tests/test_bad_input.py has the others)
 
 
 @pytest.mark.timeout(180)
@@ -158,7 +159,7 @@ def test_a_failed_load_stops_the_server(tmp_path, bm25_index, launcher):
     import shutil
     broken = tmp_path / "broken"
     shutil.copytree(bm25_index, broken)
-    shutil.rmtree(broken / "bm25")  # manifest fine, index files gone: found only when loading
+    (broken / "bm25" / "data.csc.index.npy").write_text("not numpy")  # every file there, one damaged: found only when loading
     proc, url = launcher.start(broken)
     assert proc.wait(120) == 1  # exits with an error instead of serving 503 forever
     assert "loading the index failed" in proc.log_path.read_text()

@@ -60,6 +60,13 @@ def test_defaults_parse_with_existing_paths(tmp_path):
      "cannot hold a teacher sequence"),
     (["--distill", "sampled", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
      "cannot hold a teacher sequence"),
+    (["--distill", "contrast", "--self_play_enable", "false", "--proposer_enable", "false", "--qa_data", "/x.jsonl"],
+     "fixed QA rows have none: it needs --self_play_enable true"),
+    (["--distill", "contrast", "--self_play_enable", "false", "--proposer_enable", "false", "--distill_hint", "true"],
+     "fixed QA rows have none: it needs --self_play_enable true"),
+    (["--distill", "contrast", "--solver_enable", "false"], "--distill contrast trains the solver toward a teacher"),
+    (["--distill", "contrast", "--micro_token_budget", "4096", "--max_total_tokens", "4000", "--max_model_len", "4096"],
+     "cannot hold a teacher sequence"),
     # dynamic sampling with refill, and the search-count mix
     (["--min_informative_groups", "-1"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1"),
     (["--max_rounds", "0"], "--min_informative_groups must be >= 0 (0 = off) and --max_rounds >= 1 (got 0, 0)"),
@@ -103,6 +110,16 @@ def test_distill_topk_is_accepted_with_its_k(tmp_path):
     a = parse_config(_ok_paths(tmp_path) + ["--distill", "topk", "--distill_topk", "32"]).algorithm
     assert (a.distill, a.distill_topk) == ("topk", 32)
     assert parse_config(_ok_paths(tmp_path)).algorithm.distill_topk == 16
+
+
+def test_distill_contrast_is_accepted_with_self_play(tmp_path):
+    from training.config import needs_reference
+
+    cfg = parse_config(_ok_paths(tmp_path) + ["--distill", "contrast", "--distill_coef", "0.2", "--distill_schedule",
+                                              "cosine", "--distill_hint", "true"])
+    a = cfg.algorithm
+    assert (a.distill, a.distill_coef, a.distill_schedule) == ("contrast", 0.2, "cosine") and not needs_reference(cfg)
+    assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "contrast", "--distill_teacher", "reference"]))
 
 
 def test_missing_paths_name_the_fix(tmp_path):

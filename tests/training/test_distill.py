@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from training.distill import (beta_at, distill_kl_loss, logp_gap_metrics, sampled_token_advantage,
-                              teacher_topk, topk_reverse_kl)
+from training.distill import (beta_at, contrast_token_advantage, distill_kl_loss, logp_gap_metrics,
+                              sampled_token_advantage, teacher_topk, topk_reverse_kl)
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 QWEN_VOCAB = 151_936
@@ -87,6 +87,28 @@ def test_sampled_token_advantage_rejects_bad_inputs():
     bad[int(torch.nonzero(d["mask"])[0])] = float("nan")         # NaN on a masked teacher token
     with pytest.raises(ValueError, match=r"\['teacher_logprobs'\]"):
         sampled_token_advantage(d["adv"], bad, d["s_lp"], d["mask"], 0.1, None)
+
+
+def test_contrast_token_advantage_matches_loop():
+    """--distill contrast: A + beta (lp_right - lp_wrong) on masked tokens with both teachers; the student's
+    log-prob plays no part; equal teacher values give exactly A."""
+    d = _packed(4)
+    wrong = d["s_lp"].clone()
+    alike = torch.zeros_like(d["mask"], dtype=torch.bool)
+    alike[::3] = True
+    wrong[alike] = d["t_lp"][alike]                              # both teachers score these tokens alike
+    out = contrast_token_advantage(d["adv"], d["t_lp"], wrong, d["mask"], 0.3, d["seq_teacher"], cu_seqlens=d["cu"])
+    ref, both = d["adv"].clone(), _per_token_teacher(d)
+    for i in range(len(ref)):
+        if d["mask"][i] and both[i]:
+            ref[i] = float(d["adv"][i]) + 0.3 * (float(d["t_lp"][i]) - float(wrong[i]))
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-15)
+    assert torch.equal(out[alike], d["adv"][alike])              # exactly 0 where they agree
+    assert torch.equal(contrast_token_advantage(d["adv"], d["t_lp"], wrong, d["mask"], 0.0, None), d["adv"])
+    bad = wrong.clone()
+    bad[int(torch.nonzero(d["mask"])[0])] = float("nan")
+    with pytest.raises(ValueError, match=r"\['wrong_logprobs'\]"):
+        contrast_token_advantage(d["adv"], d["t_lp"], bad, d["mask"], 0.1, None)
 
 
 def test_logp_gap_and_coverage_against_loop():

@@ -12,8 +12,8 @@ import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
 from inference.trajectory import Trajectory
-from training.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
-                              teacher_trajectory)
+from training.teacher import (TopKTerm, apply_sampled, coverage_sums, dense_term, finish_metrics, privileged_block,
+                              teacher_logprobs, teacher_trajectory)
 
 QCP = {"queries": ["1900 Olympics host", "Paris river"],
        "docs": [[{"id": "1", "contents": "1900 Summer Olympics\nThe games were held in Paris."}],
@@ -114,6 +114,35 @@ def test_dense_term_on_sampled_tokens_only_and_beta_zero_is_exact(tok):
     gap = float((teacher[0][m] - student[0][m]).mean())
     assert met["distill/logp_gap"] == pytest.approx(gap) and met["distill/kl"] == pytest.approx(-gap)
     assert met["distill/coverage"] == pytest.approx(n_a / (n_a + n_b)) and met["distill/beta"] == beta
+
+
+@pytest.mark.parametrize("mode", ["sampled", "topk"])
+def test_dense_term_is_the_trainers_wiring_of_each_mode(tok, mode):
+    """dense_term (what Trainer._distill calls): sampled == teacher_logprobs + apply_sampled, topk == the
+    advantages untouched, coverage_sums and a TopKTerm; both label the trajectories with their teacher's block."""
+    from training.config import Config
+
+    a, b = solver(tok), solver(tok, qcp=None, source="qa", seed=1)
+    trajs = [a, b]
+    g = torch.Generator().manual_seed(5)
+    adv = [torch.randn(len(t.token_ids), generator=g) for t in trajs]
+    old = [torch.tensor(t.logprobs) for t in trajs]
+    cfg = Config()
+    cfg.algorithm.distill, cfg.algorithm.distill_context_tokens = mode, 256
+    lp = {len(s.token_ids): -torch.rand(len(s.token_ids), generator=g) for s in
+          [teacher_trajectory(a, build_teacher_prompt(tok, QUESTION, privileged_block(a, tok, 256, False), "auto"))]}
+    fwd = ((lambda seqs: [lp[len(s.token_ids)] for s in seqs]) if mode == "sampled" else
+           (lambda seqs: [(torch.zeros(len(s.token_ids), 3, dtype=torch.long), lp[len(s.token_ids)][:, None].repeat(1, 3))
+                          for s in seqs]))
+    new, sums, term = dense_term(trajs, adv, old, 0.25, fwd, tok, cfg)
+    teacher, blocks = teacher_logprobs(trajs, tok, "auto", 256, False, fwd)
+    if mode == "sampled":
+        want, want_sums = apply_sampled(trajs, adv, old, teacher, 0.25)
+        assert term is None and sums == want_sums and all(torch.equal(x, y) for x, y in zip(new, want))
+    else:
+        assert isinstance(term, TopKTerm) and term.beta == 0.25 and term.k == 3
+        assert new is adv and sums == coverage_sums(trajs, teacher)
+    assert a.info["teacher_context"] == blocks[0] and "teacher_context" not in b.info
 
 
 def test_topk_teacher_rows_line_up_with_the_students_tokens(tok, tiny_model_dir):
