@@ -99,9 +99,10 @@ def test_train_py_configures_logging_with_the_launchers_rank(monkeypatch):
     assert seen == [3]
 
 
-def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path):
+def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path, tiny_model_dir):
     """eval.py used basicConfig at INFO on the root logger, so httpx printed a line for every judge and
-    retriever request; it now takes the same set-up as train.py, as rank 0."""
+    retriever request; it now takes the same set-up as train.py, as rank 0. The inputs are real (a model
+    folder and a QA file): eval.py checks them before anything else and stops on a bad one."""
     import eval as E
     import utils.logging as L
 
@@ -112,7 +113,7 @@ def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path):
         raise Configured(rank)
 
     monkeypatch.setattr(L, "configure_logging", stop)
-    (tmp_path / "m").mkdir()
+    (tmp_path / "qa.jsonl").write_text('{"question": "What is the capital of France?", "golden_answers": ["Paris"]}\n')
     with pytest.raises(Configured) as got:
-        E.main(["--model", str(tmp_path / "m"), "--data", str(tmp_path / "qa.jsonl"), "--out_dir", str(tmp_path / "o")])
+        E.main(["--model", str(tiny_model_dir), "--data", str(tmp_path / "qa.jsonl"), "--out_dir", str(tmp_path / "o")])
     assert got.value.args == (0,)
