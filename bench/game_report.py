@@ -65,9 +65,15 @@ def summarise(run: Path) -> dict:
         "pool_served_acc": share("game/pool_served_correct", "game/pool_served_trajs"),
         "proposer_reward": tot.get("proposer/reward_mean", 0.0) / len(rows),
         # the dev split (training distribution, never a held-out set) at the run's last step, where it was scored
-        "dev_em": (100 * json.loads((run / "dev" / "results.json").read_text())["overall"]["em"]
-                   if (run / "dev" / "results.json").exists() else NAN),
+        "dev_em": dev_em(run),
     }
+
+
+def dev_em(run: Path) -> float:
+    """EM % on the dev split at the run's last step: run/dev (a tuning run) or the ladder's run/dev_step<N>."""
+    found = [f for f in [run / "dev" / "results.json"] + sorted(run.glob("dev_step*/results.json"),
+             key=lambda f: int(f.parent.name[len("dev_step"):]), reverse=True) if f.exists()]
+    return 100 * json.loads(found[0].read_text())["overall"]["em"] if found else NAN
 
 
 def section(runs: list[tuple[str, Path]]) -> tuple[dict, str]:

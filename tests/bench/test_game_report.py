@@ -31,6 +31,11 @@ def test_shares_are_of_summed_counts(tmp_path, monkeypatch):
     (tmp_path / "r" / "dev" / "results.json").write_text(json.dumps({"overall": {"n": 4, "em": 0.25}}))
     s = game_report.summarise(tmp_path / "r")
     assert s["dev_em"] == pytest.approx(25.0)
+    # a ladder run's dev evals sit in dev_step<N>: the last step's is read (step 30, not step 5)
+    for step, em in ((5, 0.5), (30, 0.75)):
+        (tmp_path / "l" / f"dev_step{step}").mkdir(parents=True)
+        (tmp_path / "l" / f"dev_step{step}" / "results.json").write_text(json.dumps({"overall": {"em": em}}))
+    assert game_report.dev_em(tmp_path / "l") == pytest.approx(75.0)
     assert s["steps"] == 2
     assert s["valid_rate"] == pytest.approx(5 / 12)          # not the mean of 0.25 and 0.75
     assert s["informative_share"] == pytest.approx(6 / 10)
