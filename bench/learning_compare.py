@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.learning_common import (NAN, OOD_SOURCES, READING_SOURCES, _f, _fresh_acc, _informative_share, _mean_of,
-                                   _num, pooled, searches, twohop_set, verdict)
+from bench.learning_common import (NAN, OOD_SOURCES, READING_SOURCES, fmt_num, fresh_acc, informative_share, mean_of,
+                                   json_number, pooled, searches, twohop_set, verdict)
 from bench.report import md_table
 
 
@@ -41,20 +41,20 @@ class Comparison:
 COMPARISONS = (
     Comparison("distill", "ssp", "rung 3", "rung 2", "distill_seed", "seed", "timing_s/teacher", "teacher",
                "The teacher forward makes a rung-3 step dearer", "learning_distill", "STEPS",
-               (("valid-question rate (training)", _mean_of("game/valid_rate")),
-                ("fresh-question solver acc (training)", _fresh_acc), ("distill/kl (training)", _mean_of("distill/kl")))),
+               (("valid-question rate (training)", mean_of("game/valid_rate")),
+                ("fresh-question solver acc (training)", fresh_acc), ("distill/kl (training)", mean_of("distill/kl")))),
     Comparison("qa_gae", "qa", "rung 1gae", "rung 1", "qa_gae_seed", "qa_seed", "timing_s/critic", "critic",
                "The critic's value forward and its update make a rung-1gae step dearer", "learning_qa_gae", "QA_STEPS",
-               (("solver acc (training)", _mean_of("solver/acc")),
-                ("critic explained variance (training)", _mean_of("critic/explained_variance")),
-                ("critic value loss (training)", _mean_of("critic/value_loss")))),
+               (("solver acc (training)", mean_of("solver/acc")),
+                ("critic explained variance (training)", mean_of("critic/explained_variance")),
+                ("critic value loss (training)", mean_of("critic/value_loss")))),
     # issue 31: does self-play without labelled questions reach RL on labelled ones, for the same training time?
     Comparison("ssp", "qa", "rung 2", "rung 1", "seed", "qa_seed", None, "game",
                "A rung-2 step plays the proposer (and its RAG check) before the solver and trains both roles",
                "learning_ssp", "QA_STEPS",
-               (("solver acc (training)", _mean_of("solver/acc")),
-                ("fresh-question solver acc (training)", _fresh_acc),
-                ("informative solver groups (training)", _informative_share))),
+               (("solver acc (training)", mean_of("solver/acc")),
+                ("fresh-question solver acc (training)", fresh_acc),
+                ("informative solver groups (training)", informative_share))),
 )
 
 
@@ -158,7 +158,7 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
     pad = ["-"] * (len(cols) - 3)
 
     def cell(results: list[dict], key: str, sources) -> str:
-        return _f(statistics.mean(pooled(r, key, sources) for r in results))
+        return fmt_num(statistics.mean(pooled(r, key, sources) for r in results))
 
     rows = []
     for label, srcs in ([(src, (src,)) for src in sft["per_source"]]
@@ -167,13 +167,13 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
         rows.append([label] + [f"{cell(res, 'em', srcs)} / {cell(res, 'title_baseline_em', srcs)}" for _, res in cols])
     rows.append(["copy@1 %, reading sets"] + [cell(res, "title_copy_at.1", READING_SOURCES) for _, res in cols])
     hop = twohop_set(sft)
-    rows.append([f"searches/q, {hop}"] + [_f(statistics.mean(searches(r, hop)[0] for r in res), ".2f") for _, res in cols])
+    rows.append([f"searches/q, {hop}"] + [fmt_num(statistics.mean(searches(r, hop)[0] for r in res), ".2f") for _, res in cols])
     for label, fn in c.game_rows:
         vals = ["-"] + pad
         for ru, m in ((s_runs, m2), (d_runs, last3)):
             v = [fn([q for q in r["metrics"] if q["step"] <= m]) for r in ru.values()]
             v = [x for x in v if not math.isnan(x)]
-            vals.append(_f(statistics.mean(v), ".3f") if v else "-")
+            vals.append(fmt_num(statistics.mean(v), ".3f") if v else "-")
         rows.append([label] + vals)
     folders = {"SFT": [out / "eval_sft"], c.base_label: [out / f"{c.base_prefix}{s}" / f"eval_step{m2}" for s in seeds],
                c.new_label: [out / f"{c.new_prefix}{s}" / f"eval_step{last3}" for s in seeds]}
@@ -182,14 +182,14 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
     for key, label in (("year_before_docs", "year stated before any document, % ('what year' reading questions)"),
                        ("repeated_think", "repeated <think> loop, % (reading + two-hop)"),
                        ("cut_at_max_tokens", "cut at max tokens, % (reading + two-hop)")):
-        vals = {k: _f(statistics.mean(h[key] for h in v)) if v else "-" for k, v in habits.items()}
+        vals = {k: fmt_num(statistics.mean(h[key] for h in v)) if v else "-" for k, v in habits.items()}
         rows.append([label, vals["SFT"]] + pad + [vals[c.base_label], vals[c.new_label]])
     rows.append(["training minutes (median over seeds)", "-"] + pad + [f"{wall2 / 60:.1f}", f"{wall3 / 60:.1f}"])
     table = md_table(["held-out set: EM % / title baseline %"] + [label for label, _ in cols], rows)
     a_ok = None if math.isnan(pooled_std) else over > 2 * pooled_std
     ood_ok = None if math.isnan(ood_std) else ood_gain > 2 * ood_std
     new, base = c.new_label, c.base_label
-    rate = (f"it took {_f(100 * share)}% of {new}'s training time ({c.cost_key} over timing_s/step, median over seeds)"
+    rate = (f"it took {fmt_num(100 * share)}% of {new}'s training time ({c.cost_key} over timing_s/step, median over seeds)"
              if c.cost_key else f"{base}'s own median step (timing_s/step) sets the exchange rate")
     md = (f"{new.capitalize()} against {base} at equal training wall time. {c.cost_what}; "
           f"{rate}, so {new}'s {last3} steps cost what {n_equal} {base} steps cost, and {base} is read at its "
@@ -200,24 +200,24 @@ def compare_section(c: Comparison, out: Path, seeds: list[str], sft: dict, rungs
           f"({', '.join(f'seed {s} {w / 60:.1f}' for s, w in walls3.items())}), {base} {wall2 / 60:.1f} min to step "
           f"{m2}. "
           f"Means over seeds {', '.join(seeds)}; each cell is EM % / that model's own title baseline %.\n\n{table}\n\n"
-          f"- reading gain from SFT: {new} {_f(statistics.mean(g3), '+.2f')} (seed std {_f(sd(g3), '.2f')}), {base} at "
-          f"step {m2} {_f(statistics.mean(g2), '+.2f')} (seed std {_f(sd(g2), '.2f')}).\n"
-          f"- **gain_over_{c.base} = {_f(over, '+.2f')} points** on the reading score; pooled seed std "
-          f"{_f(pooled_std, '.2f')}: target gain over {base} > 2 x pooled std **{verdict(a_ok)}**.\n"
+          f"- reading gain from SFT: {new} {fmt_num(statistics.mean(g3), '+.2f')} (seed std {fmt_num(sd(g3), '.2f')}), {base} at "
+          f"step {m2} {fmt_num(statistics.mean(g2), '+.2f')} (seed std {fmt_num(sd(g2), '.2f')}).\n"
+          f"- **gain_over_{c.base} = {fmt_num(over, '+.2f')} points** on the reading score; pooled seed std "
+          f"{fmt_num(pooled_std, '.2f')}: target gain over {base} > 2 x pooled std **{verdict(a_ok)}**.\n"
           f"- paired bootstrap over the {len(ex3[0])} reading-score questions (EM averaged over seeds per question, "
           f"10,000 resamples): {boot:+.2f} points, 95% interval [{lo:+.2f}, {hi:+.2f}].\n"
-          f"- **ood_gain = {_f(ood_gain, '+.2f')} points** ({new} against SFT on capitals and FanOutQA single- and "
-          f"multi-hop pooled; seeds {', '.join(_f(x, '+.1f') for x in o3)}), seed std {_f(ood_std, '.2f')}: target "
+          f"- **ood_gain = {fmt_num(ood_gain, '+.2f')} points** ({new} against SFT on capitals and FanOutQA single- and "
+          f"multi-hop pooled; seeds {', '.join(fmt_num(x, '+.1f') for x in o3)}), seed std {fmt_num(ood_std, '.2f')}: target "
           f"gain > 2 x std **{verdict(ood_ok)}**.\n")
     k = c.key
-    keys = {f"{k}.gain_over_{c.base}": _num(over, 3),
+    keys = {f"{k}.gain_over_{c.base}": json_number(over, 3),
             f"{k}.gain_over_{c.base}_ci95": [round(lo, 3), round(hi, 3)],
-            f"{k}.gain_over_{c.base}_pooled_std": _num(pooled_std, 3),
+            f"{k}.gain_over_{c.base}_pooled_std": json_number(pooled_std, 3),
             f"{k}.{c.base}_equal_wall_step": m2, f"{k}.{c.base}_equal_wall_step_needed": n_equal,
-            f"{k}.{c.cost_name}_time_share": _num(share, 3),
+            f"{k}.{c.cost_name}_time_share": json_number(share, 3),
             f"{k}.wall_minutes": {c.new: round(wall3 / 60, 2), c.base: round(wall2 / 60, 2)},
-            f"{k}.ood_gain": _num(ood_gain, 3), f"{k}.ood_seed_std": _num(ood_std, 3),
-            f"{k}_vs_{c.base}.gain": _num(boot, 3), f"{k}_vs_{c.base}.ci95": [round(lo, 3), round(hi, 3)],
-            f"{k}.answer_habits": {lab: {h: _num(statistics.mean(x[h] for x in v)) for h in v[0]}
+            f"{k}.ood_gain": json_number(ood_gain, 3), f"{k}.ood_seed_std": json_number(ood_std, 3),
+            f"{k}_vs_{c.base}.gain": json_number(boot, 3), f"{k}_vs_{c.base}.ci95": [round(lo, 3), round(hi, 3)],
+            f"{k}.answer_habits": {lab: {h: json_number(statistics.mean(x[h] for x in v)) for h in v[0]}
                                    for lab, v in habits.items() if v}}
     return keys, md

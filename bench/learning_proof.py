@@ -63,46 +63,46 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, _doc1_title_share, _f, _fresh_acc,  # noqa: E402
-                                   _informative_share, _informative_share_fresh, _json,
-                                   _mean_of, _num, em, hist_str, load_rung, mean_hist, pooled, pooled_hist, read_metrics,
+from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, doc1_title_share, fmt_num, fresh_acc,  # noqa: E402
+                                   informative_share, informative_share_fresh, read_json,
+                                   mean_of, json_number, em, hist_str, load_rung, mean_hist, pooled, pooled_hist, read_metrics,
                                    read_timings, searches, twohop_set, verdict)
 from bench.learning_compare import (COMPARISONS, answer_habits, compare_section, equal_wall_milestone,  # noqa: E402
                                     paired_bootstrap, question_em, rl_seconds)
 from bench.report import BENCH_DIR, md_table, write_results  # noqa: E402
 
 __all__ = ["answer_habits", "equal_wall_milestone", "paired_bootstrap", "question_em", "rl_seconds", "read_metrics",
-           "_doc1_title_share", "_fresh_acc", "_mean_of"]  # read by tests and by bench/learning_compare.py's users
+           "doc1_title_share", "fresh_acc", "mean_of"]  # read by tests and by bench/learning_compare.py's users
 
 
 RUNGS = {
     "qa": ("qa_seed",
-           [("solver accuracy, training questions", _mean_of("solver/acc")),
-            ("solver searches per question", _mean_of("solver/searches_mean")),
-            ("share of stored trained weights changed per step", _mean_of("actor/weights_changed_frac"))],
-           [("solver acc", _mean_of("solver/acc")), ("weights changed", _mean_of("actor/weights_changed_frac"))]),
+           [("solver accuracy, training questions", mean_of("solver/acc")),
+            ("solver searches per question", mean_of("solver/searches_mean")),
+            ("share of stored trained weights changed per step", mean_of("actor/weights_changed_frac"))],
+           [("solver acc", mean_of("solver/acc")), ("weights changed", mean_of("actor/weights_changed_frac"))]),
     "ssp": ("seed",
-            [("valid-question rate", _mean_of("game/valid_rate")),
-             ("solver accuracy on fresh proposer questions (curriculum)", _fresh_acc),
-             ("informative solver groups (rewards not all equal)", _informative_share)],
-            [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
-             ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
-             ("valid Q answer = proposer's Doc 1 title", _doc1_title_share)] + GAME_COLUMNS),
+            [("valid-question rate", mean_of("game/valid_rate")),
+             ("solver accuracy on fresh proposer questions (curriculum)", fresh_acc),
+             ("informative solver groups (rewards not all equal)", informative_share)],
+            [("solver reward", mean_of("solver/reward_mean")), ("proposer reward", mean_of("proposer/reward_mean")),
+             ("valid rate", mean_of("game/valid_rate")), ("fresh-question acc", fresh_acc),
+             ("valid Q answer = proposer's Doc 1 title", doc1_title_share)] + GAME_COLUMNS),
     "qa_gae": ("qa_gae_seed",
-               [("solver accuracy, training questions", _mean_of("solver/acc")),
-                ("critic explained variance", _mean_of("critic/explained_variance")),
-                ("critic value loss", _mean_of("critic/value_loss"))],
-               [("solver acc", _mean_of("solver/acc")), ("weights changed", _mean_of("actor/weights_changed_frac")),
-                ("critic EV", _mean_of("critic/explained_variance")), ("critic value loss", _mean_of("critic/value_loss")),
-                ("critic s/step", _mean_of("timing_s/critic"))]),
+               [("solver accuracy, training questions", mean_of("solver/acc")),
+                ("critic explained variance", mean_of("critic/explained_variance")),
+                ("critic value loss", mean_of("critic/value_loss"))],
+               [("solver acc", mean_of("solver/acc")), ("weights changed", mean_of("actor/weights_changed_frac")),
+                ("critic EV", mean_of("critic/explained_variance")), ("critic value loss", mean_of("critic/value_loss")),
+                ("critic s/step", mean_of("timing_s/critic"))]),
     "distill": ("distill_seed",
-                [("valid-question rate", _mean_of("game/valid_rate")),
-                 ("solver accuracy on fresh proposer questions (curriculum)", _fresh_acc),
-                 ("distill/kl: teacher-student reverse KL, solver tokens", _mean_of("distill/kl"))],
-                [("solver reward", _mean_of("solver/reward_mean")), ("proposer reward", _mean_of("proposer/reward_mean")),
-                 ("valid rate", _mean_of("game/valid_rate")), ("fresh-question acc", _fresh_acc),
-                 ("valid Q answer = proposer's Doc 1 title", _doc1_title_share), ("distill/kl", _mean_of("distill/kl")),
-                 ("distill/coverage", _mean_of("distill/coverage")), ("teacher s/step", _mean_of("timing_s/teacher"))]
+                [("valid-question rate", mean_of("game/valid_rate")),
+                 ("solver accuracy on fresh proposer questions (curriculum)", fresh_acc),
+                 ("distill/kl: teacher-student reverse KL, solver tokens", mean_of("distill/kl"))],
+                [("solver reward", mean_of("solver/reward_mean")), ("proposer reward", mean_of("proposer/reward_mean")),
+                 ("valid rate", mean_of("game/valid_rate")), ("fresh-question acc", fresh_acc),
+                 ("valid Q answer = proposer's Doc 1 title", doc1_title_share), ("distill/kl", mean_of("distill/kl")),
+                 ("distill/coverage", mean_of("distill/coverage")), ("teacher s/step", mean_of("timing_s/teacher"))]
                 + GAME_COLUMNS),
 }
 # per rung: (its number, timings.tsv RL stage, timings.tsv eval stage prefix, what it trains)
@@ -162,8 +162,8 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
     minutes = statistics.mean(shared / 60 + m for m in per_seed.values())
 
     def cells(res: dict) -> list[str]:
-        return [_f(pooled(res)), _f(pooled(res, "title_baseline_em")), _f(pooled(res, "title_copy_at.1")),
-                _f(searches(res, hop)[0], ".2f"), f"{em(res):.1f}"]
+        return [fmt_num(pooled(res)), fmt_num(pooled(res, "title_baseline_em")), fmt_num(pooled(res, "title_copy_at.1")),
+                fmt_num(searches(res, hop)[0], ".2f"), f"{em(res):.1f}"]
 
     rows = [["SFT (start)", "0", "-"] + cells(sft) + ["-"] + [f"{em(sft, k):.1f}" for k in sources] + ["-"] * len(columns)]
     for s in seeds:
@@ -171,7 +171,7 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
         for m in steps:
             seg = [r for r in mets if prev < r["step"] <= m]  # training steps since the previous milestone
             res = runs[s]["evals"][m]
-            rows.append([f"seed {s}", str(m), _f(pooled(res) - read0, "+.1f")] + cells(res) + [f"{em(res) - em0:+.1f}"]
+            rows.append([f"seed {s}", str(m), fmt_num(pooled(res) - read0, "+.1f")] + cells(res) + [f"{em(res) - em0:+.1f}"]
                         + [f"{em(res, k):.1f}" for k in sources] + [f"{fn(seg):.2f}" if seg else "-" for _, fn in columns])
             prev = m
     table = md_table(["run", "step", "reading gain (pts)", "reading %", "reading title baseline %", "copy@1 %",
@@ -179,7 +179,7 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
                      + [f"EM {k} %" for k in sources] + [c for c, _ in columns], rows)
     by_step = "; ".join(f"step {m}: {statistics.mean(g):+.2f} (seeds {', '.join(f'{x:+.1f}' for x in g)})"
                         for m, g in gains.items())
-    rby_step = "; ".join(f"step {m}: {_f(statistics.mean(g), '+.2f')} (seeds {', '.join(_f(x, '+.1f') for x in g)})"
+    rby_step = "; ".join(f"step {m}: {fmt_num(statistics.mean(g), '+.2f')} (seeds {', '.join(fmt_num(x, '+.1f') for x in g)})"
                          for m, g in rgains.items())
     reading = [k for k in sources if k in READING_SOURCES]
     n_read = sum(sft["per_source"][k]["n"] for k in reading)
@@ -195,14 +195,14 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
           f"The last columns are means over the training steps since the previous milestone (training games, not "
           f"held-out).\n\n"
           f"{table}\n\n"
-          f"- **reading_gain = {_f(rgain, '+.2f')} points** at step {last} (mean over {len(seeds)} seeds), seed std "
-          f"{_f(rstd, '.2f')} points: target (b) gain > 2 x std **"
+          f"- **reading_gain = {fmt_num(rgain, '+.2f')} points** at step {last} (mean over {len(seeds)} seeds), seed std "
+          f"{fmt_num(rstd, '.2f')} points: target (b) gain > 2 x std **"
           f"{verdict(None if math.isnan(rgain) or math.isnan(rstd) else rgain > 2 * rstd)}**.\n"
           f"- reading gain by milestone: {rby_step}.\n"
-          f"- title heuristic, reading sets pooled: title baseline {_f(tb0)}% at SFT, {_f(tb)}% at step {last}; "
-          f"copy@1 {_f(cp0)}% at SFT, {_f(cp)}% at step {last}.\n"
-          f"- searches per question on {hop or 'no two-hop set'}: SFT {_f(sq0, '.2f')} ({hist_str(sh0)}), step {last} "
-          f"{_f(sq, '.2f')} (mean over seeds): target (c) rises from SFT **{verdict(rises)}** in this rung.\n"
+          f"- title heuristic, reading sets pooled: title baseline {fmt_num(tb0)}% at SFT, {fmt_num(tb)}% at step {last}; "
+          f"copy@1 {fmt_num(cp0)}% at SFT, {fmt_num(cp)}% at step {last}.\n"
+          f"- searches per question on {hop or 'no two-hop set'}: SFT {fmt_num(sq0, '.2f')} ({hist_str(sh0)}), step {last} "
+          f"{fmt_num(sq, '.2f')} (mean over seeds): target (c) rises from SFT **{verdict(rises)}** in this rung.\n"
           f"- secondary, overall EM: solver_acc_gain = {mean_gain:+.2f} points, seed std {std:.2f} points "
           f"(gain > 2 x std: {'met' if mean_gain > 2 * std else 'NOT met'}); by milestone: {by_step}.\n"
           f"- minutes per seed, end to end as if run alone (SFT + its eval + RL + evals): {minutes:.1f} "
@@ -211,23 +211,23 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
             "sft_em": round(em0, 2), "final_em": {s: round(em(runs[s]["evals"][last]), 2) for s in seeds},
             "gain_by_step": {str(m): round(statistics.mean(g), 3) for m, g in gains.items()},
             "steps": last, "seeds": len(seeds),
-            "reading_gain": _num(rgain, 3), "reading_seed_std": _num(rstd, 3), "sft_reading_score": _num(read0),
-            "reading_score": {s: _num(pooled(r)) for s, r in zip(seeds, finals)},
-            "reading_gain_by_step": {str(m): _num(statistics.mean(g), 3) for m, g in rgains.items()},
-            "reading_title_baseline": {"sft": _num(tb0), "final": _num(tb)},
-            "title_copy_share": {"sft": _num(cp0), "final": _num(cp)},
-            "searches_per_question": {"set": hop, "sft": {"mean": _num(sq0, 3), "hist": sh0},
-                                      "final": {"mean": _num(sq, 3), "hist": mean_hist([h for _, h in sqs])}}}
+            "reading_gain": json_number(rgain, 3), "reading_seed_std": json_number(rstd, 3), "sft_reading_score": json_number(read0),
+            "reading_score": {s: json_number(pooled(r)) for s, r in zip(seeds, finals)},
+            "reading_gain_by_step": {str(m): json_number(statistics.mean(g), 3) for m, g in rgains.items()},
+            "reading_title_baseline": {"sft": json_number(tb0), "final": json_number(tb)},
+            "title_copy_share": {"sft": json_number(cp0), "final": json_number(cp)},
+            "searches_per_question": {"set": hop, "sft": {"mean": json_number(sq0, 3), "hist": sh0},
+                                      "final": {"mean": json_number(sq, 3), "hist": mean_hist([h for _, h in sqs])}}}
     if rung in ("ssp", "distill"):   # the game's signal over every training step up to the last milestone
         game = {k: statistics.mean(fn([r for r in runs[s]["metrics"] if r["step"] <= last]) for s in seeds)
-                for k, fn in (("informative_share", _informative_share),
-                              ("informative_share_fresh", _informative_share_fresh),
-                              ("valid_rate", _mean_of("game/valid_rate")), ("fresh_acc", _fresh_acc))}
-        keys.update({k: _num(v, 3) for k, v in game.items()})
-        md += (f"- the game, mean over training steps and seeds: informative solver groups {_f(game['informative_share'], '.2f')} "
-               f"({_f(game['informative_share_fresh'], '.2f')} of the fresh questions' groups; the rest are pool questions), "
-               f"valid-question rate {_f(game['valid_rate'], '.2f')}, fresh-question solver accuracy "
-               f"{_f(game['fresh_acc'], '.2f')}.\n")
+                for k, fn in (("informative_share", informative_share),
+                              ("informative_share_fresh", informative_share_fresh),
+                              ("valid_rate", mean_of("game/valid_rate")), ("fresh_acc", fresh_acc))}
+        keys.update({k: json_number(v, 3) for k, v in game.items()})
+        md += (f"- the game, mean over training steps and seeds: informative solver groups {fmt_num(game['informative_share'], '.2f')} "
+               f"({fmt_num(game['informative_share_fresh'], '.2f')} of the fresh questions' groups; the rest are pool questions), "
+               f"valid-question rate {fmt_num(game['valid_rate'], '.2f')}, fresh-question solver accuracy "
+               f"{fmt_num(game['fresh_acc'], '.2f')}.\n")
     return {f"{name}.{k}": v for k, v in keys.items()}, md, runs
 
 
@@ -235,13 +235,13 @@ def baseline_section(sft: dict, rises: list[tuple[str, float, float]]) -> tuple[
     """The SFT eval against the title heuristic, and targets (a) and (c). rises: (rung title, SFT, final
     two-hop searches per question) of each RL rung reported in this run."""
     per = sft["per_source"]
-    keys = {f"learning_baseline.{k}": {"overall": _num(pooled(sft, f, None)),
-                                       **{src: _num(100 * g[f]) if g.get(f) is not None else None for src, g in per.items()}}
+    keys = {f"learning_baseline.{k}": {"overall": json_number(pooled(sft, f, None)),
+                                       **{src: json_number(100 * g[f]) if g.get(f) is not None else None for src, g in per.items()}}
             for k, f in (("title_em", "question_title_em"), ("title_em_own", "title_baseline_em"))}
     rows = []
     for label, srcs in [(src, (src,)) for src in per] + [("**reading (pooled)**", READING_SOURCES), ("**overall**", None)]:
         n = sum(g["n"] for src, g in per.items() if srcs is None or src in srcs)
-        rows.append([label, n] + [_f(pooled(sft, f, srcs)) for f in ("em", "title_baseline_em", "question_title_em",
+        rows.append([label, n] + [fmt_num(pooled(sft, f, srcs)) for f in ("em", "title_baseline_em", "question_title_em",
                                                                       "title_copy_at.1", "title_copy_any", "title_ceiling")]
                     + [hist_str(pooled_hist(sft, srcs))])
     table = md_table(["set", "n", "SFT EM %", "title baseline (own 1st search) %", "question-title baseline %",
@@ -255,10 +255,10 @@ def baseline_section(sft: dict, rises: list[tuple[str, float, float]]) -> tuple[
           f"copy@1 / copy any: answers equal to Doc 1's title of the last search / to any retrieved title; title "
           f"ceiling: some retrieved title is a golden answer; reading = {', '.join(READING_SOURCES)} pooled.\n\n"
           f"{table}\n\n"
-          f"- target (a): SFT reading score {_f(read0)}% > its title baseline {_f(tb0)}% (question-title baseline "
-          f"{_f(qt0)}%): **{verdict(a_ok)}**.\n"
+          f"- target (a): SFT reading score {fmt_num(read0)}% > its title baseline {fmt_num(tb0)}% (question-title baseline "
+          f"{fmt_num(qt0)}%): **{verdict(a_ok)}**.\n"
           f"- target (c): two-hop searches per question rise from SFT in at least one RL rung ("
-          + ("; ".join(f"{r}: {_f(a, '.2f')} -> {_f(b, '.2f')}" for r, a, b in rises) or "no RL rung reported")
+          + ("; ".join(f"{r}: {fmt_num(a, '.2f')} -> {fmt_num(b, '.2f')}" for r, a, b in rises) or "no RL rung reported")
           + f"): **{verdict(any(c_ok) if c_ok else None)}**.\n")
     return keys, md
 
@@ -270,7 +270,7 @@ def headroom(out: Path, k: int) -> tuple[dict, str]:
     for split, greedy_dir, passk_dir, key in (("dev split (training distribution)", "eval_sft_dev", "passk_dev",
                                                "sft_passk_gap"),
                                               ("held-out slice", "eval_sft_slice", "passk_slice", "sft_passk_gap_heldout")):
-        g, p = _json(out / greedy_dir / "results.json", hint), _json(out / passk_dir / "results.json", hint)
+        g, p = read_json(out / greedy_dir / "results.json", hint), read_json(out / passk_dir / "results.json", hint)
         for src in ["overall"] + list(p["per_source"]):
             gg = g["overall"] if src == "overall" else g["per_source"][src]
             pp = p["overall"] if src == "overall" else p["per_source"][src]
@@ -368,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         keys, md = headroom(a.out, a.passk)
         write_results("learning_headroom", keys, md)
         printed.append(md)
-    sft = _json(a.out / "eval_sft" / "results.json", "run scripts/learning_proof_cpu.sh first") \
+    sft = read_json(a.out / "eval_sft" / "results.json", "run scripts/learning_proof_cpu.sh first") \
         if rl_rungs else None
     t = read_timings(a.out / "timings.tsv")
     panels, rises, reported = [], [], {}

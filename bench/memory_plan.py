@@ -80,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's memory-plan table")
     args = ap.parse_args()
-    from bench.report import _RESULTS_DIR, md_table, write_results
+    from bench.report import RESULTS_DIR, md_table, write_results
     from training import memory_plan as mp
 
     plans, rows, keys = {}, [], {}
@@ -148,7 +148,7 @@ def main() -> None:
           f"ZeRO-3 and this trainer's chunked log-prob head, not veRL's FSDP; and it has no critic, which Search-R1's "
           f"PPO adds (offloaded like the actor, on the GPU only during its own update).\n")
     write_results("memory-plan", keys, md, measures=MEASURES)
-    (_RESULTS_DIR / "memory_plan.json").write_text(json.dumps(
+    (RESULTS_DIR / "memory_plan.json").write_text(json.dumps(
         {"world": WORLD, "gpu_memory_gb": GPU_GB, "scripts": plans, "search_r1": sr}, indent=2) + "\n")
     if not args.no_readme:
         readme = REPO / "README.md"

@@ -29,9 +29,9 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 # BENCH_RESULTS_DIR sends a run's results elsewhere (a smoke test must not overwrite the measured ones)
-_RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR))
-RESULTS_JSON = _RESULTS_DIR / "results.json"
-RESULTS_MD = _RESULTS_DIR / "RESULTS.md"
+RESULTS_DIR = Path(os.environ.get("BENCH_RESULTS_DIR", BENCH_DIR))
+RESULTS_JSON = RESULTS_DIR / "results.json"
+RESULTS_MD = RESULTS_DIR / "RESULTS.md"
 SECTIONS_KEY = "_sections"   # results.json: {section: {"commit", "run", "measures", "script"[, "dirty"]}}
 UNKNOWN = "unknown"          # the commit of a section written where git could not say
 _HEADER = (

@@ -39,9 +39,9 @@ TOPK = 3
 
 def block_text(tok: Any, docs: Sequence[dict], proto: Protocol) -> str:
     """The documents as a rollout shows them: the formatted block cut to --max_info_tokens."""
-    from inference.rollout import _info_tokens
+    from inference.rollout import info_block_tokens
 
-    return tok.decode(_info_tokens(tok, format_docs(list(docs)), proto.max_info_tokens), skip_special_tokens=True)
+    return tok.decode(info_block_tokens(tok, format_docs(list(docs)), proto.max_info_tokens), skip_special_tokens=True)
 
 
 def quote(sentence: str, answer: str, max_words: int) -> str:

@@ -100,7 +100,7 @@ def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
     return (text, None) if best is None else (text[:best], which)
 
 
-_LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def group_by_layer(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
@@ -116,7 +116,7 @@ def group_by_layer(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[list[tu
     bucket: list[tuple[str, Any]] = []
     key = None
     for name, t in named_tensors:
-        m = _LAYER_RE.search(name)
+        m = LAYER_RE.search(name)
         k = f"layer{m.group(1)}" if m else "other"
         if k != key:
             if bucket:

@@ -37,11 +37,12 @@ from inference.data import ProposerRow
 from inference.filters import FilterConfig, check_question
 # what the round shows (inference/game_metrics.py); its names stay importable from here too
 from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY, SOURCES,  # noqa: F401
-                                    _mean, _stats, answer_in_text, answer_is_first_title, is_count, no_question_why,
+                                    answer_in_text, answer_is_first_title, is_count, no_question_why,
                                     one_search_answerable, rollout_record, shares, signal_counts)
+from inference.game_metrics import mean_or_zero as _mean, round_stats as _stats
 from inference.judge import Judge, JudgeItem
 # the RAG check (inference/rag_check.py); its names stay importable from here too
-from inference.rag_check import RAG_INSTRUCTION, _flat_docs, _searches, rag_check, rag_prompt, solver_view  # noqa: F401
+from inference.rag_check import RAG_INSTRUCTION, rag_check, rag_prompt, solver_view  # noqa: F401
 from inference.prompts import build_proposer_prompt, build_solver_prompt
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts

@@ -1,6 +1,6 @@
 """What a round shows (issue 31): the counts the trainer sums over ranks, and the shares made from them.
 
-play_round (inference/game.py) calls `_stats` on its trajectories; the trainer sums every count (`is_count`) over
+play_round (inference/game.py) calls `round_stats` on its trajectories; the trainer sums every count (`is_count`) over
 ranks and then makes the shares (`shares`) from the global counts, so a share over ranks and steps stays exact.
 Also here: why a proposer wrote no question, which solver groups carry signal, what kind the valid questions are,
 and one trajectory as a JSON line for --dump_rollouts.
@@ -21,7 +21,7 @@ from utils.text import contains_answer, exact_match, normalize_answer
 log = logging.getLogger(__name__)
 
 
-def _mean(xs: Sequence[float]) -> float:
+def mean_or_zero(xs: Sequence[float]) -> float:
     return float(sum(xs) / len(xs)) if xs else 0.0
 
 
@@ -145,17 +145,17 @@ def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], sear
     return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
 
 
-def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0) -> dict:
+def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0) -> dict:
     counts = Counter(r for r in reasons if r is not None)
     valid = [t for t, r in zip(props, reasons) if r is None]
     checked = [v for v in verdict.values() if v is not None]
     fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
     s = {
         "game/proposer_trajs": len(props),
-        "game/valid_rate": _mean([float(r is None) for r in reasons]),
-        "game/filter_pass_rate": _mean([float(r in (None, "rag_failed")) for r in reasons]),
+        "game/valid_rate": mean_or_zero([float(r is None) for r in reasons]),
+        "game/filter_pass_rate": mean_or_zero([float(r in (None, "rag_failed")) for r in reasons]),
         "game/rag_checked": len(checked),
-        "game/rag_pass_rate": _mean([float(v) for v in checked]),
+        "game/rag_pass_rate": mean_or_zero([float(v) for v in checked]),
         "game/rag_unavailable": sum(v is None for v in verdict.values()),
         "game/pool_fills": n_fills,
         # counts (summed over ranks; the trainer logs game/valid_doc1_title_share): valid questions, and those
@@ -164,13 +164,13 @@ def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=N
         "game/valid_doc1_title": sum(answer_is_first_title(t) for t in valid),
         "game/pool_size": len(pool) if pool is not None else 0,
         "game/questions": len({t.group_id for t in sols}),
-        "proposer/reward_mean": _mean([t.reward for t in props]),
-        "proposer/searches_mean": _mean([t.num_searches for t in props]),
-        "solver/acc": _mean([float(t.info["correct"]) for t in sols]),
-        "solver/reward_mean": _mean([t.reward for t in sols]),
-        "solver/spam_rate": _mean([float(t.info["spam"]) for t in sols]),
-        "solver/turns_mean": _mean([t.num_turns for t in sols]),
-        "solver/searches_mean": _mean([t.num_searches for t in sols]),
+        "proposer/reward_mean": mean_or_zero([t.reward for t in props]),
+        "proposer/searches_mean": mean_or_zero([t.num_searches for t in props]),
+        "solver/acc": mean_or_zero([float(t.info["correct"]) for t in sols]),
+        "solver/reward_mean": mean_or_zero([t.reward for t in sols]),
+        "solver/spam_rate": mean_or_zero([float(t.info["spam"]) for t in sols]),
+        "solver/turns_mean": mean_or_zero([t.num_turns for t in sols]),
+        "solver/searches_mean": mean_or_zero([t.num_searches for t in sols]),
         "solver/judge_failed": sum(bool(t.info["judge_failed"]) for t in sols),
         # the curriculum: solver accuracy on this round's own (fresh) proposer questions, apart from
         # pool refills and fixed QA rows; counts, so a ratio over ranks and steps stays exact
@@ -191,7 +191,7 @@ def _stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=N
     by_q: dict[str, list[float]] = {}
     for t in fresh:
         by_q.setdefault(t.group_id, []).append(float(t.info["correct"]))
-    rates = [_mean(v) for v in by_q.values()]
+    rates = [mean_or_zero(v) for v in by_q.values()]
     s["game/fresh_s0"] = sum(r == 0 for r in rates)
     s["game/fresh_s1"] = sum(r == 1 for r in rates)
     s["game/fresh_mid"] = len(rates) - s["game/fresh_s0"] - s["game/fresh_s1"]

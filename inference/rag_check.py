@@ -8,7 +8,7 @@ rag_check on the questions the cheap filters let through."""
 from __future__ import annotations
 
 import random
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, format_docs
@@ -16,8 +16,16 @@ from inference.rewards import extract_answer
 from inference.trajectory import Trajectory
 from utils.text import exact_match
 
-if TYPE_CHECKING:
-    from inference.game import GameConfig
+
+class RagSettings(Protocol):
+    """The game settings the RAG check reads (inference.game.GameConfig has them; the game imports this module,
+    so this module names only what it needs)."""
+    rag_verifier: str
+    rag_distractors: int
+    rag_max_doc_chars: int
+    rag_max_context_chars: int
+    rag_max_tokens: int
+    template: str
 
 RAG_INSTRUCTION = (
     "Answer the question using only the documents below. Give just the short answer inside "
@@ -40,7 +48,7 @@ def _flat_docs(docs: Sequence[Sequence[dict]]) -> list[dict]:
     return out
 
 
-def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: GameConfig, rng: random.Random,
+def rag_prompt(question: str, own: list[dict], distractors: list[dict], cfg: RagSettings, rng: random.Random,
                fits: Callable[[str], bool] = lambda s: True) -> str:
     """The RAG-check user message: own docs always, distractors while they fit, all in shuffled order.
 
@@ -88,13 +96,13 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
     the distractors' searches shuffled in among them. It reads what a solver that searched well would read, in the
     solver's own format, so a question passes only when those blocks answer it. Distractors are dropped, last
     first, while the prompt is over `limit` tokens; the proposer's own searches always stay."""
-    from inference.rollout import _info_tokens
+    from inference.rollout import info_block_tokens
 
     def ids(searches: list[tuple[str, list[dict]]]) -> list[int]:
         out = build_solver_prompt(tok, question, template)
         for q, docs in searches:
             out += tok(f"<search> {q} </search>", add_special_tokens=False)["input_ids"]
-            out += _info_tokens(tok, format_docs(docs), max_info_tokens)
+            out += info_block_tokens(tok, format_docs(docs), max_info_tokens)
         return out
 
     order = [("own", s) for s in own] + [("other", s) for s in distractors]
@@ -106,7 +114,7 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
             return got
         del order[others[-1]]
 
-def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
+def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: RagSettings,
               rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
     """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
     (the verifier gave no reply, or the judge failed on a non-exact-match answer).

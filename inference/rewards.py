@@ -52,7 +52,11 @@ def extract_answer(response: str) -> str | None:
     return action.content if action.kind == "answer" else None
 
 
-def solver_reward(correct: bool, spam: bool, spam_divisor: float = 4.0) -> float:
+SPAM_DIVISOR = 4.0
+"""The default divisor of a spammed answer's reward (GameConfig.spam_divisor, self_search's shaping)."""
+
+
+def solver_reward(correct: bool, spam: bool, spam_divisor: float = SPAM_DIVISOR) -> float:
     """1 or 0, divided by `spam_divisor` when the answer tag was spammed (a wrong answer stays 0)."""
     if spam_divisor <= 0:
         raise ValueError(f"spam_divisor must be > 0, got {spam_divisor}")

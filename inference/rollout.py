@@ -286,7 +286,7 @@ def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: Rollo
         else:
             docs = list(results[by_id[id(s)]] or [])
             body = format_docs(docs)
-        block = _info_tokens(tok, body, cfg.max_info_tokens)
+        block = info_block_tokens(tok, body, cfg.max_info_tokens)
         if len(s.ids) + len(block) >= limit:
             s.stop_reason, s.cap = "max_tokens", "total"  # no room left to read the documents and answer
             continue
@@ -299,7 +299,7 @@ def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: Rollo
         s.texts.append(tok.decode(block, skip_special_tokens=False))
 
 
-def _info_tokens(tok: Any, body: str, max_tokens: int) -> list[int]:
+def info_block_tokens(tok: Any, body: str, max_tokens: int) -> list[int]:
     """Tokens of "\\n\\n<information>" + body + "</information>\\n\\n", the body cut to fit max_tokens."""
     head = tok(INFO_OPEN, add_special_tokens=False)["input_ids"]
     tail = tok(INFO_CLOSE, add_special_tokens=False)["input_ids"]

@@ -18,6 +18,7 @@ import re
 from typing import Any
 
 from inference.prompts import encode_prompt, render_chat
+from inference.rewards import SPAM_DIVISOR
 
 SELF_SEARCH_INSTRUCTION = (
     "Find the answer to the question below. Reason step by step inside <think> and </think>. "
@@ -99,13 +100,11 @@ def shaped_reward(em: float, fmt: float) -> float:
     return 0.9 * float(em) + 0.1 * float(fmt)
 
 
-def shape_solver_rewards(trajs, spam_divisor: float | None = None) -> None:
+def shape_solver_rewards(trajs, spam_divisor: float = SPAM_DIVISOR) -> None:
     """SSRL's shaping of self-search solvers' rewards, in place: 0.9 * correctness + 0.1 * format, divided by
-    `spam_divisor` (GameConfig's by default) where game.score recorded a spammed answer, so the shaping
-    replaces the reward without dropping the spam penalty. Proposer trajectories are left alone."""
-    if spam_divisor is None:
-        from inference.game import GameConfig  # inference.game imports this module
-        spam_divisor = GameConfig.spam_divisor
+    `spam_divisor` (GameConfig's default, SPAM_DIVISOR, unless the caller passes the run's) where game.score
+    recorded a spammed answer, so the shaping replaces the reward without dropping the spam penalty. Proposer
+    trajectories are left alone."""
     for t in trajs:
         if t.role == "solver":
             t.info["format_reward"] = fmt = format_reward(t.response_text)

@@ -36,7 +36,7 @@ log = logging.getLogger("retrieval.build_index")
 INDEX_TYPES = ("flat", "hnsw", "ivfpq")
 
 
-def _prepare_out(out: Path, overwrite: bool) -> None:
+def prepare_out(out: Path, overwrite: bool) -> None:
     if overwrite and out.exists():
         # Only ever delete a folder that looks like one of ours: `--out . --overwrite` must not wipe a repo.
         ours = {MANIFEST, DOCS_FILE, "docs.done", "emb", "bm25", "index.faiss"}
@@ -53,7 +53,7 @@ def _corpus_stamp(corpus: Path) -> dict:
     return {"corpus": str(corpus.resolve()), "size": st.st_size, "mtime": int(st.st_mtime)}
 
 
-def _ensure_docs(corpus: Path, out: Path) -> int:
+def ensure_docs(corpus: Path, out: Path) -> int:
     """Copy the corpus into docs.arrow once; a rerun over an unchanged corpus reuses it."""
     marker = out / "docs.done"
     stamp = _corpus_stamp(corpus)
@@ -77,11 +77,11 @@ def build_bm25(corpus: Path, out: Path, k1: float = 1.5, b: float = 0.75, method
 
     bm25s = import_bm25s()
 
-    from retrieval.retriever import _stemmer
+    from retrieval.retriever import make_stemmer
 
-    n = _ensure_docs(corpus, out)
+    n = ensure_docs(corpus, out)
     texts = DocStore(out).all_contents()
-    tokens = bm25s.tokenize(texts, stopwords=stopwords or None, stemmer=_stemmer(stemmer), return_ids=True,
+    tokens = bm25s.tokenize(texts, stopwords=stopwords or None, stemmer=make_stemmer(stemmer), return_ids=True,
                             show_progress=True)
     model = bm25s.BM25(k1=k1, b=b, method=method)
     model.index(tokens, show_progress=True)
@@ -166,7 +166,7 @@ def build_dense(corpus: Path, out: Path, encoder_path: str, device: str = "cpu",
     if index_type not in INDEX_TYPES:
         raise InputError(f"--index {index_type!r} is not one of {INDEX_TYPES}")
     fingerprint(encoder_path)  # a missing or empty --encoder folder is named now, before the corpus is copied
-    n = _ensure_docs(corpus, out)
+    n = ensure_docs(corpus, out)
     docs = DocStore(out)
     enc = Encoder(encoder_path, device=device, pooling=pooling, query_prefix=query_prefix,
                   passage_prefix=passage_prefix, max_length=max_length, fp16=fp16)
@@ -211,7 +211,7 @@ def build_index(corpus: str | Path, out: str | Path, kind: str, overwrite: bool 
     corpus, out = Path(corpus), Path(out)
     if not corpus.exists():
         raise InputFileMissing(f"corpus {corpus} does not exist (run `python scripts/prepare_data.py` for the demo corpus)")
-    _prepare_out(out, overwrite)
+    prepare_out(out, overwrite)
     if kind == "bm25":
         fields = build_bm25(corpus, out, **opts)
     elif kind == "dense":

@@ -152,7 +152,7 @@ def import_searchr1(index: str | Path, corpus: str | Path, encoder: str | Path, 
                     check_docs: int = 16, min_cosine: float = 0.995, device: str = "cpu",
                     overwrite: bool = False) -> dict:
     """Write out/manifest.json and out/docs.arrow for a Search-R1 index + corpus; returns the manifest."""
-    from retrieval.build_index import _ensure_docs, _prepare_out
+    from retrieval.build_index import ensure_docs, prepare_out
     from retrieval.corpus import DocStore
     from retrieval.encoder import Encoder, fingerprint, model_name
 
@@ -174,8 +174,8 @@ def import_searchr1(index: str | Path, corpus: str | Path, encoder: str | Path, 
         raise SearchR1ImportError(f"{index} holds {header['dim']}-d vectors but encoder {encoder} gives {enc.dim}-d ones: "
                            "not the encoder that built it (Search-R1's e5_Flat.index needs e5-base-v2, 768-d)")
 
-    _prepare_out(out, overwrite)
-    n = _ensure_docs(corpus, out)  # resumable: a rerun over the same corpus reuses docs.arrow
+    prepare_out(out, overwrite)
+    n = ensure_docs(corpus, out)  # resumable: a rerun over the same corpus reuses docs.arrow
     if n != header["ntotal"]:
         raise SearchR1ImportError(f"{index} holds {header['ntotal']} vectors but {corpus} has {n} documents; index row i "
                            "must be corpus line i, so they are not a pair (wiki-18 has 21,015,324 of each)")

@@ -102,7 +102,7 @@ class BM25Retriever(Retriever):
         self._bm25s = bm25s
         self.model = bm25s.BM25.load(str(Path(index_dir) / "bm25"), mmap=True, show_progress=False, verbosity=0)
         self.stopwords = manifest["bm25"]["stopwords"] or None
-        self.stemmer = _stemmer(manifest["bm25"]["stemmer"])
+        self.stemmer = make_stemmer(manifest["bm25"]["stemmer"])
 
     def tokenize(self, texts: list[str]) -> list[list[str]]:
         return self._bm25s.tokenize(texts, stopwords=self.stopwords, stemmer=self.stemmer,
@@ -117,7 +117,7 @@ class BM25Retriever(Retriever):
                 for ids, scores in zip(res.documents, res.scores)]
 
 
-def _stemmer(name: str | None):
+def make_stemmer(name: str | None):
     if not name:
         return None
     try:

@@ -200,8 +200,8 @@ def step_logprobs(hf_dir: str, cuda: bool) -> dict:
         out[f"{name}_max_abs_diff"] = max(diffs)
         out[f"{name}_entropy_finite"] = bool(torch.isfinite(ent).all())
         if cuda:
-            from training.logprobs import _use_triton
-            out["triton_kernel"] = bool(_use_triton(torch.empty(1, device=dev)))
+            from training.logprobs import use_triton_kernel
+            out["triton_kernel"] = bool(use_triton_kernel(torch.empty(1, device=dev)))
         del model
     # fp32 on any device: the same numbers up to summation order; bf16: rounding of a 135M model
     out["status"] = "ok" if out["fp32_max_abs_diff"] < 2e-3 and out["fp32_entropy_finite"] else "failed"

@@ -289,14 +289,14 @@ def test_faiss_gpu_sharding_keeps_the_search_results(fake_faiss_gpus, kind, fp16
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.bfloat16, 5e-2)])
 def test_cuda_packed_logprobs_take_varlen_sdpa_and_triton_and_match_unpacked(dtype, tol):
     """The CUDA path of sequence_logprobs without flash-attn: per-sequence SDPA for the packed row and,
-    since the hidden states are on CUDA, the compiled Triton head (_use_triton), forward and backward,
+    since the hidden states are on CUDA, the compiled Triton head (use_triton_kernel), forward and backward,
     against a plain per-sequence forward with a full log_softmax."""
-    from training.logprobs import _use_triton, sequence_logprobs
+    from training.logprobs import use_triton_kernel, sequence_logprobs
 
     seqs = _sequences(3, (9, 33, 4, 20))
     mb = pack_micro_batches(seqs, 128)[0].to("cuda")
     model = _tiny_qwen2().to("cuda", dtype)
-    assert _use_triton(torch.zeros(1, device="cuda"))
+    assert use_triton_kernel(torch.zeros(1, device="cuda"))
     lp, _ = sequence_logprobs(model, mb, 0.9, only_masked=False)
     lp.sum().backward()
     got_grads = {n: p.grad.float().clone() for n, p in model.named_parameters()}

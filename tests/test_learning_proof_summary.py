@@ -173,9 +173,9 @@ def test_a_second_recipe_keeps_its_own_keys_and_section(tmp_path, results):
 def test_fresh_question_accuracy_is_weighted_by_count():
     rows = [{"solver/fresh_trajs": 4.0, "solver/fresh_correct": 4.0}, {"solver/fresh_trajs": 0.0},
             {"solver/fresh_trajs": 12.0, "solver/fresh_correct": 0.0}]
-    assert learning_proof._fresh_acc(rows) == pytest.approx(4 / 16)   # not the mean of 1.0 and 0.0
+    assert learning_proof.fresh_acc(rows) == pytest.approx(4 / 16)   # not the mean of 1.0 and 0.0
     import math
-    assert math.isnan(learning_proof._fresh_acc([{"solver/fresh_trajs": 0.0}]))
+    assert math.isnan(learning_proof.fresh_acc([{"solver/fresh_trajs": 0.0}]))
 
 
 def test_the_games_signal_is_read_off_its_summed_counts(tmp_path, results):
@@ -336,9 +336,9 @@ def test_answer_habits_read_off_the_responses(tmp_path):
 
 def test_undefined_metrics_written_as_nan_strings_are_skipped():
     rows = [{"distill/kl": "nan"}, {"distill/kl": 0.2}, {"distill/kl": 0.4}, {}]
-    assert learning_proof._mean_of("distill/kl")(rows) == pytest.approx(0.3)
+    assert learning_proof.mean_of("distill/kl")(rows) == pytest.approx(0.3)
     import math
-    assert math.isnan(learning_proof._mean_of("distill/kl")([{"distill/kl": "nan"}]))
+    assert math.isnan(learning_proof.mean_of("distill/kl")([{"distill/kl": "nan"}]))
 
 
 def test_critic_rung_against_rung1_at_the_step_its_critic_time_buys(tmp_path, results):

@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from training.run_state import (OPERATIONAL, RUN_ID, STARTED_OVER, TAG_RE, ResumeError, _owner,  # noqa: F401 - re-exported
+from training.run_state import (OPERATIONAL, RUN_ID, STARTED_OVER, TAG_RE, ResumeError, run_owner,  # noqa: F401 - re-exported
                                  ckpt_root, config_diff, config_diff_all, find_resume, output_dir_verdict, resume_offer,
                                  tag_for)
 from utils import dist as D
@@ -69,7 +69,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def run_id(output_dir: str | Path) -> str:
     """This folder's run id; a folder without one (an SFT run, or one made before run ids) gets one now."""
     root = ckpt_root(output_dir)
-    rid = _owner(root)
+    rid = run_owner(root)
     if rid is None:
         root.mkdir(parents=True, exist_ok=True)
         rid = _new_run_id()
@@ -101,14 +101,14 @@ def claim_output_dir(output_dir: str | Path, config: dict) -> str:
     if v.refusal:
         raise ConfigError(v.refusal)
     old, diffs, has_ckpt = v.old, v.diffs, v.has_ckpt
-    prev = _owner(root)
+    prev = run_owner(root)
     if v.starts_over:
         # an explicit --resume folder inside this run is kept: it is what the new start loads
         keep = Path(resume).resolve() if resume not in ("auto", "none") else None
         deleted = 0
         if prev is not None and root.is_dir():
             for p in sorted(root.iterdir()):
-                if p.is_dir() and TAG_RE.match(p.name) and _owner(p) == prev and p.resolve() != keep:
+                if p.is_dir() and TAG_RE.match(p.name) and run_owner(p) == prev and p.resolve() != keep:
                     _trash(p)
                     deleted += 1
         (root / "latest").unlink(missing_ok=True)
@@ -426,14 +426,14 @@ def _make_room(path: Path, rid: str, latest: str | None) -> None:
     none (copied in by hand) is moved aside, never written into or deleted."""
     if not path.exists() or path.name == latest:
         return
-    if _owner(path) == rid:
+    if run_owner(path) == rid:
         _trash(path)
         return
     k, aside = 0, path.with_name(path.name + ".not-this-run")
     while aside.exists():
         k += 1
         aside = path.with_name(f"{path.name}.not-this-run{k}")
-    owner = _owner(path) or "no run id"
+    owner = run_owner(path) or "no run id"
     os.replace(path, aside)
     print(f"[warn] {path} belongs to another run ({owner}); moved it to {aside.name} so this run's "
           f"checkpoint does not overwrite it", flush=True)
@@ -473,13 +473,13 @@ def save(engine, output_dir: str | Path, step: int, client_state: dict, *, token
 def _rotate(root: Path, keep: int) -> None:
     """Keep this run's `keep` newest checkpoints (and `latest`); delete only folders that carry
     this run's id. Folders copied in by hand or left by another run are never touched."""
-    rid = _owner(root)
+    rid = run_owner(root)
     if keep <= 0 or rid is None:
         return
     for p in root.glob("step_*.trash"):  # a rotation killed mid-delete
         shutil.rmtree(p, ignore_errors=True)
     ours = sorted((int(m.group(1)), p) for p in root.iterdir()
-                  if p.is_dir() and (m := TAG_RE.match(p.name)) and _owner(p) == rid)
+                  if p.is_dir() and (m := TAG_RE.match(p.name)) and run_owner(p) == rid)
     latest = (root / "latest").read_text().strip() if (root / "latest").exists() else None
     for _, p in ours[:-keep]:
         if p.name != latest:

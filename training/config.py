@@ -23,7 +23,10 @@ from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
 from inference.rollout import RolloutConfig
+# critic_config and launch_env hold checks validate_args joins; needs_critic stays importable from here too
+from training.critic_config import critic_errors, needs_critic  # noqa: F401
 from training.input_checks import model_path_errors, report_to_errors
+from training.launch_env import cuda_present, demo_default_errors, node_count
 from utils.errors import InputError
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
@@ -372,7 +375,7 @@ class Config:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
 
-def _bool(s: str) -> bool:
+def parse_bool(s: str) -> bool:
     v = str(s).lower()
     if v in ("1", "true", "yes", "on"):
         return True
@@ -392,7 +395,7 @@ def build_parser(description: str = "", groups: dict | None = None) -> argparse.
             # argparse %-formats help text: a literal "30%" made --help crash.
             kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "").replace("%", "%%")}
             if typ is bool:
-                kw.update(type=_bool, metavar="BOOL")
+                kw.update(type=parse_bool, metavar="BOOL")
             else:
                 kw["type"] = typ
             if "choices" in f.metadata:
@@ -437,11 +440,6 @@ def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm
     return a.kl_coef > 0 or cfg.critic.kl_in_reward > 0 or (a.distill != "off" and a.distill_teacher == "reference")
-
-
-def needs_critic(cfg: Config) -> bool:
-    """The critic is built when some role's advantages are GAE's (the other role needs no values)."""
-    return "gae" in (cfg.algorithm.proposer_estimator, cfg.algorithm.solver_estimator)
 
 
 def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | None = None,
@@ -493,7 +491,6 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
             errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "
                         f"{r.max_total_tokens} + --distill_context_tokens {a.distill_context_tokens} + 32); raise it "
                         f"or lower --distill_context_tokens")
-    from training.critic_config import critic_errors  # light: no torch
     errs += critic_errors(cfg)
     if not (0 <= a.clip_low < 1) or a.clip_high <= 0:
         errs.append(f"clip range must satisfy 0 <= clip_low < 1 and clip_high > 0 (got {a.clip_low}, {a.clip_high})")
@@ -581,7 +578,6 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
                         f"most {2 * per_group} groups (a proposer group and a solver group per prompt) and "
                         f"{a.ppo_mini_batches} mini-batches would leave some empty; for veRL's size S pass "
                         f"--ppo_mini_batches B / S with B = --prompts_per_step {sp.prompts_per_step}")
-    from training.launch_env import cuda_present, demo_default_errors, node_count
     errs += demo_default_errors(cfg, cuda_present() if cuda is None else cuda,
                                 node_count() > 1 if multi_node is None else multi_node)
     if errs:

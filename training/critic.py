@@ -24,6 +24,7 @@ from typing import Sequence
 
 import torch
 
+from training.lr_schedule import set_critic_lr
 from utils import dist as D
 
 
@@ -59,7 +60,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     step's loss. clip <= 0 turns the clipping off.
     Metrics: critic/value_loss (this micro-batch's share), critic/vf_clipfrac (share of sampled tokens
     where the clipped term is the larger), critic/values_mean, critic/num_tokens."""
-    from training.loss import AGG_MODES, _aggregate, _segments
+    from training.loss import AGG_MODES, aggregate_tokens, token_segments
     if agg not in AGG_MODES:
         raise ValueError(f"unknown agg {agg!r}; choose one of {AGG_MODES}")
     if float(normaliser) <= 0:
@@ -78,8 +79,8 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         per_tok = torch.maximum(l1, l2)
     else:
         l2, per_tok = l1, l1
-    seg = _segments(m, cu_seqlens) if agg != "token-mean" else None
-    loss = 0.5 * _aggregate(per_tok * mf, mf, agg, normaliser, seg)
+    seg = token_segments(m, cu_seqlens) if agg != "token-mean" else None
+    loss = 0.5 * aggregate_tokens(per_tok * mf, mf, agg, normaliser, seg)
     with torch.no_grad():
         n = mf.sum()
         denom = n.clamp(min=1)
@@ -226,8 +227,6 @@ def step_values(engine, trajs, algo, micro_token_budget: int) -> list:
 def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce) -> dict[str, float]:
     """The critic's share of one SSP step: LR, explained variance of the values GAE used, the update.
     `reduce` = the trainer's mean over ranks (summing *_loss). Collective."""
-    from training.engine_builder import set_critic_lr
-
     idx = [i for i, r in enumerate(returns) if r is not None]
     sub = [trajs[i] for i in idx]
     masks = [torch.tensor(t.loss_mask) for t in sub]

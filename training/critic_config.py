@@ -3,12 +3,16 @@
 
 from __future__ import annotations
 
+from training.input_checks import model_path_errors
+
+
+def needs_critic(cfg) -> bool:
+    """The critic is built when some role's advantages are GAE's (the other role needs no values)."""
+    return "gae" in (cfg.algorithm.proposer_estimator, cfg.algorithm.solver_estimator)
+
 
 def critic_errors(cfg) -> list[str]:
     """validate_args' refusals of the critic's flags."""
-    from training.config import needs_critic
-    from training.input_checks import model_path_errors
-
     c, a, errs = cfg.critic, cfg.algorithm, []
     if c.kl_in_reward < 0 or a.kl_coef < 0:
         errs.append(f"--kl_in_reward and --kl_coef must be >= 0 (got {c.kl_in_reward}, {a.kl_coef})")

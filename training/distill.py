@@ -26,8 +26,8 @@ import math
 
 import torch
 
-from training.logprobs import _chunk_logits, auto_chunk_size
-from training.loss import AGG_MODES, _aggregate, _segments
+from training.logprobs import chunk_logits, auto_chunk_size
+from training.loss import AGG_MODES, aggregate_tokens, token_segments
 
 DISTILL_MODES = ("sampled", "contrast", "topk")
 BETA_SCHEDULES = ("constant", "linear", "cosine")
@@ -62,7 +62,7 @@ def _teacher_tokens(has_teacher, m: torch.Tensor, cu_seqlens=None) -> torch.Tens
     if ht.shape == m.shape:
         return ht
     if ht.ndim == 1 and (m.ndim == 2 or cu_seqlens is not None):
-        seg_ids, n_seq = _segments(m, cu_seqlens)
+        seg_ids, n_seq = token_segments(m, cu_seqlens)
         if ht.numel() == n_seq:
             return ht[seg_ids].reshape(m.shape)
     raise ValueError(f"has_teacher has shape {tuple(ht.shape)}; need loss_mask's {tuple(m.shape)} or one flag "
@@ -158,7 +158,7 @@ def teacher_topk(hidden, weight, k, bias=None, temperature=1.0, chunk_size=None)
     ids = torch.empty(n, k, dtype=torch.long, device=hidden.device)
     lps = torch.empty(n, k, dtype=torch.float32, device=hidden.device)
     for s in range(0, n, c):
-        z = _chunk_logits(hidden[s:s + c], weight, bias, float(temperature))
+        z = chunk_logits(hidden[s:s + c], weight, bias, float(temperature))
         top, ids[s:s + c] = z.topk(k, dim=-1)
         lps[s:s + c] = top - torch.logsumexp(z, dim=-1, keepdim=True)
         del z
@@ -190,7 +190,7 @@ class _TopKReverseKL(torch.autograd.Function):
         kl = torch.empty(n, dtype=torch.float32, device=hidden.device)
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = _chunk_logits(hidden[s:e], weight, bias, temperature).gather(1, ids[s:e])   # (c, K)
+            z = chunk_logits(hidden[s:e], weight, bias, temperature).gather(1, ids[s:e])   # (c, K)
             log_p[s:e] = _renormalise(z)
             kl[s:e] = (log_p[s:e].exp() * (log_p[s:e] - log_q[s:e])).sum(-1)
         ctx.save_for_backward(hidden, weight, bias, ids, log_p, log_q, kl)
@@ -250,7 +250,7 @@ def topk_reverse_kl(hidden, weight, topk_ids, teacher_topk_logprobs, bias=None, 
 def distill_kl_loss(per_token_kl, loss_mask, normaliser, agg="token-mean", cu_seqlens=None, has_teacher=None):
     """(loss, metrics): per-token KL aggregated like training/loss.py over masked teacher tokens.
 
-    loss = _aggregate(KL_t on masked tokens whose sequence has a teacher, agg) / normaliser,
+    loss = aggregate_tokens(KL_t on masked tokens whose sequence has a teacher, agg) / normaliser,
     with the global normaliser of loss.py (e.g. count_normaliser(loss_mask & teacher, agg,
     cu_seqlens) summed over micro-batches and ranks). Other tokens carry zero loss and
     gradient whatever their values. Metrics (detached): "distill/kl" (token mean of KL over
@@ -267,8 +267,8 @@ def distill_kl_loss(per_token_kl, loss_mask, normaliser, agg="token-mean", cu_se
         raise ValueError("non-finite values (NaN/inf) in per_token_kl on loss-masked teacher tokens")
     uf = use.to(per_token_kl.dtype)
     kl = torch.where(use, per_token_kl, torch.zeros((), dtype=per_token_kl.dtype, device=per_token_kl.device))
-    seg = _segments(m, cu_seqlens) if agg != "token-mean" else None
-    loss = _aggregate(kl, uf, agg, normaliser, seg)
+    seg = token_segments(m, cu_seqlens) if agg != "token-mean" else None
+    loss = aggregate_tokens(kl, uf, agg, normaliser, seg)
     with torch.no_grad():
         n = uf.sum()
         metrics = {"distill/kl": kl.sum() / n.clamp(min=1), "distill/num_tokens": n, "distill/kl_loss": loss}

@@ -1,4 +1,5 @@
-"""Engine builder: DeepSpeed config (built in code) -> model -> optimizer -> deepspeed.initialize (the LR follows set_lr).
+"""Engine builder: DeepSpeed config (built in code) -> model -> optimizer -> deepspeed.initialize (the LR follows
+training/lr_schedule.py's set_lr).
 
 Kept apart from the trainer that uses the engines (DeepSpeed-Chat's split). Builds
 the actor and, when asked, a frozen reference model and a PPO critic (its own ZeRO-3
@@ -7,12 +8,12 @@ engine, optimizer, LR schedule and gradient clipping; the value model is trainin
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from training.config import Config, needs_critic, needs_reference
+from training.critic import load_value_model
 
 
 def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | None = None,
@@ -48,41 +49,6 @@ def build_ds_config(cfg: Config, *, train: bool = True, offload_param: bool | No
     if train:
         conf["gradient_clipping"] = o.max_grad_norm if grad_clip is None else grad_clip
     return conf
-
-
-def lr_lambda(cfg: Config, critic: bool = False):
-    o, c = cfg.optimisation, cfg.critic
-    warmup, schedule = (c.critic_lr_warmup_steps, c.critic_lr_schedule) if critic else (o.warmup_steps, o.lr_schedule)
-
-    def f(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        if schedule == "constant":
-            return 1.0
-        t = (step - warmup) / max(1, o.total_steps - warmup)
-        t = min(max(t, 0.0), 1.0)
-        return 0.5 * (1 + math.cos(math.pi * t)) if schedule == "cosine" else 1.0 - t
-    return f
-
-
-def set_critic_lr(engine, cfg: Config, step: int) -> float:
-    """The critic's LR at `step`: --critic_lr shaped by its own warm-up and schedule (a pure function of the step)."""
-    lr = cfg.critic.critic_lr * lr_lambda(cfg, critic=True)(step)
-    for g in engine.optimizer.param_groups:
-        g["lr"] = lr
-    return lr
-
-
-def set_lr(engine, cfg: Config, step: int) -> float:
-    """Set the LR of (SSP or SFT) step `step` on every param group and return it. The schedule
-    counts steps, not optimizer steps: a step may take several optimizer steps (sequential
-    roles, PPO epochs and mini-batches), and a scheduler stepped by DeepSpeed on each of them
-    ran warm-up and decay that many times too fast. A pure function of the step, so resume
-    needs no scheduler state."""
-    lr = cfg.optimisation.lr * lr_lambda(cfg)(step)
-    for g in engine.optimizer.param_groups:
-        g["lr"] = lr
-    return lr
 
 
 def _attn_impl(cfg: Config) -> str:
@@ -198,8 +164,6 @@ def build_critic(cfg: Config, optimizer_fn=None):
     keep-alive). `optimizer_fn(params)` replaces AdamW (the tests' plain SGD)."""
     import deepspeed
     from transformers.integrations import HfDeepSpeedConfig
-
-    from training.critic import load_value_model
 
     c = cfg.critic
     ds_config = critic_ds_config(cfg)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from inference.engines import _LAYER_RE, group_by_layer
+from inference.engines import LAYER_RE, group_by_layer
 from utils.logging import print0
 
 
@@ -70,7 +70,7 @@ class HybridEngine:
             # fused groups there) only trainable tensors are sent.
             if not any(p.requires_grad for _, p in layer):
                 continue
-            if not _LAYER_RE.search(layer[0][0]):
+            if not LAYER_RE.search(layer[0][0]):
                 layer = [(n, p) for n, p in layer if p.requires_grad]
             # ZeRO-3 params report their full size in ds_numel; plain tensors in numel()
             nbytes = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for _, p in layer)

@@ -1,10 +1,13 @@
 """What the launch environment says about a run: the CPU demo's defaults that a CUDA or multi-node run must
 replace (validate_args refuses them unless --allow_demo_defaults true), whether CUDA is present, and how many
-nodes the launcher started. Kept apart from training/config.py, which declares the flags; imports no torch."""
+nodes the launcher started. Kept apart from training/config.py, which declares the flags and whose
+validate_args calls these checks (so this module takes a training.config.Config but imports none); imports no torch."""
 
 from __future__ import annotations
 
-from training.config import GROUPS, Config
+import glob
+import os
+import sys
 
 
 DEMO_DEFAULTS = (
@@ -18,11 +21,7 @@ DEMO_DEFAULTS = (
 )
 
 
-def _default_of(group: str, name: str):
-    return GROUPS[group].__dataclass_fields__[name].default
-
-
-def demo_defaults_in_use(cfg: Config) -> list[str]:
+def demo_defaults_in_use(cfg) -> list[str]:
     """One line per demo default this config would run with ("still the default" = equal to the
     dataclass default), each naming the flag that replaces it. Only defaults that are used count:
     the index only while a role searches with the retriever and no --retriever_url is set, the
@@ -34,7 +33,8 @@ def demo_defaults_in_use(cfg: Config) -> list[str]:
     out = []
     for group, name, what, fix in DEMO_DEFAULTS:
         value = getattr(getattr(cfg, group), name)
-        if used[name] and value == _default_of(group, name):
+        # the group's dataclass (training.config.GROUPS[group]) declares the default
+        if used[name] and value == type(getattr(cfg, group)).__dataclass_fields__[name].default:
             out.append(f"--{name} {value} ({what}): pass {fix}")
     return out
 
@@ -42,8 +42,6 @@ def demo_defaults_in_use(cfg: Config) -> list[str]:
 def cuda_present() -> bool:
     """Whether this machine has a CUDA GPU: torch's answer when torch is already imported, else
     whether an NVIDIA device node exists (so parsing and the dry run stay light)."""
-    import glob
-    import sys
     if "torch" in sys.modules:
         return bool(sys.modules["torch"].cuda.is_available())
     return bool(glob.glob("/dev/nvidia[0-9]*"))
@@ -53,7 +51,6 @@ def node_count(env=None) -> int:
     """Nodes of this launch, from the launcher's environment: CROSS_SIZE (deepspeed launcher),
     GROUP_WORLD_SIZE (torchrun), else WORLD_SIZE over the local world size (LOCAL_WORLD_SIZE of
     torchrun, LOCAL_SIZE of deepspeed); 1 when nothing says otherwise."""
-    import os
     env = os.environ if env is None else env
 
     def num(key):
@@ -68,7 +65,7 @@ def node_count(env=None) -> int:
     return max(nodes, default=1)
 
 
-def demo_default_errors(cfg: Config, cuda: bool, multi_node: bool) -> list[str]:
+def demo_default_errors(cfg, cuda: bool, multi_node: bool) -> list[str]:
     """The refusal of the CPU demo's defaults on CUDA or across nodes (one message naming each
     default in use and its flag), unless --allow_demo_defaults true; [] on CPU on one node."""
     if not (cuda or multi_node) or cfg.selfplay.allow_demo_defaults:

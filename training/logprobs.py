@@ -39,7 +39,7 @@ def auto_chunk_size(vocab_size: int, num_rows: int) -> int:
     return max(1, min(max(16, min(c, 4096)), max(1, num_rows)))
 
 
-def _chunk_logits(h, weight, bias, temperature):
+def chunk_logits(h, weight, bias, temperature):
     """fp32 logits of one chunk of rows, divided by the temperature (a fresh buffer, safe to modify)."""
     z = torch.matmul(h, weight.t())
     if bias is not None:
@@ -64,7 +64,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         ent = torch.empty_like(lp) if compute_entropy else None
         for s in range(0, n, chunk_size):
             e = min(s + chunk_size, n)
-            z = _chunk_logits(hidden[s:e], weight, bias, temperature)        # (c, V) fp32
+            z = chunk_logits(hidden[s:e], weight, bias, temperature)        # (c, V) fp32
             lse[s:e] = torch.logsumexp(z, dim=-1)
             logp = z.sub_(lse[s:e, None])                                    # in place: log-softmax
             lp[s:e] = logp.gather(1, targets[s:e, None]).squeeze(1)
@@ -91,7 +91,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
         n = hidden.shape[0]
         for s in range(0, n, c):
             e = min(s + c, n)
-            logp = _chunk_logits(hidden[s:e], weight, bias, t).sub_(lse[s:e, None])
+            logp = chunk_logits(hidden[s:e], weight, bias, t).sub_(lse[s:e, None])
             p = logp.exp()
             # dL/dz = g_lp (onehot - p) - g_ent p (log p + H)   [d lp/dz = onehot - p, d H/dz = -p (log p + H)]
             if has_ent:
@@ -118,7 +118,7 @@ class _ChunkedLogprobEntropy(torch.autograd.Function):
                 grad_b.to(bias.dtype) if need_b else None, None, None, None, None)
 
 
-def _use_triton(hidden: torch.Tensor) -> bool:
+def use_triton_kernel(hidden: torch.Tensor) -> bool:
     if os.environ.get("SSP_LOGPROB_BACKEND") == "torch":
         return False
     if os.environ.get("SSP_LOGPROB_BACKEND") == "triton":
@@ -157,7 +157,7 @@ def chunked_logprobs_entropy(
         raise ValueError(f"target ids must be in [0, {weight.shape[0]}), got range "
                          f"[{int(targets.min())}, {int(targets.max())}]")
     chunk = chunk_size or auto_chunk_size(weight.shape[0], hidden.shape[0])
-    use_triton = _use_triton(hidden) if backend is None else backend == "triton"
+    use_triton = use_triton_kernel(hidden) if backend is None else backend == "triton"
     if use_triton:
         from training.logprobs_triton import triton_logprobs_entropy
         lp, ent = triton_logprobs_entropy(hidden, weight, targets, bias, float(temperature), chunk, compute_entropy)

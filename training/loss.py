@@ -52,7 +52,7 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: st
     raise ValueError(f"unknown kl_estimator {estimator!r}; choose one of {KL_ESTIMATORS}")
 
 
-def _segments(mask: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, int]:
+def token_segments(mask: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torch.Tensor, int]:
     """Sequence index of every token (flattened) and the number of sequences."""
     if mask.ndim == 2:
         b, t = mask.shape
@@ -65,7 +65,7 @@ def _segments(mask: torch.Tensor, cu_seqlens: torch.Tensor | None) -> tuple[torc
     return torch.arange(len(lens), device=mask.device).repeat_interleave(lens), len(lens)
 
 
-def _aggregate(x: torch.Tensor, m: torch.Tensor, agg: str, normaliser, seg) -> torch.Tensor:
+def aggregate_tokens(x: torch.Tensor, m: torch.Tensor, agg: str, normaliser, seg) -> torch.Tensor:
     """Sum of x over masked tokens (x is already 0 off the mask), shaped by `agg`, over the global normaliser."""
     x, m = x.reshape(-1), m.reshape(-1)
     if agg == "token-mean":
@@ -89,7 +89,7 @@ def count_normaliser(loss_mask: torch.Tensor, agg: str = "token-mean",
     m = loss_mask.bool()
     if agg == "token-mean":
         return int(m.sum())
-    seg_ids, n_seq = _segments(m, cu_seqlens)
+    seg_ids, n_seq = token_segments(m, cu_seqlens)
     per_seq = torch.zeros(n_seq, dtype=torch.long, device=m.device).index_add(0, seg_ids, m.reshape(-1).long())
     return int((per_seq > 0).sum())
 
@@ -181,7 +181,7 @@ def policy_loss(
         return torch.where(m, x, z)
 
     lp, old, adv = clean(logprobs), clean(old_logprobs.detach()), clean(advantages.detach())
-    seg = _segments(m, cu_seqlens) if agg != "token-mean" else None
+    seg = token_segments(m, cu_seqlens) if agg != "token-mean" else None
 
     # Clamp before exp as verl does, so a stale token cannot overflow the ratio.
     log_ratio = (lp - old).clamp(-20.0, 20.0)
@@ -200,19 +200,19 @@ def policy_loss(
         tis_w = torch.exp((old - rollout).clamp(max=20.0)).clamp(max=tis_cap)
         pg = pg * tis_w
     pg = pg * mf
-    pg_loss = _aggregate(pg, mf, agg, normaliser, seg)
+    pg_loss = aggregate_tokens(pg, mf, agg, normaliser, seg)
     loss = pg_loss
 
     metrics: dict[str, torch.Tensor] = {"actor/pg_loss": pg_loss.detach()}
     kl = None
     if ref_logprobs is not None:
         kl = kl_penalty(lp, clean(ref_logprobs.detach()), kl_estimator) * mf
-        kl_loss = _aggregate(kl, mf, agg, normaliser, seg) * kl_coef
+        kl_loss = aggregate_tokens(kl, mf, agg, normaliser, seg) * kl_coef
         loss = loss + kl_loss
         metrics["actor/kl_loss"] = kl_loss.detach()
     if entropy is not None:
         ent = clean(entropy) * mf
-        ent_loss = -entropy_coef * _aggregate(ent, mf, agg, normaliser, seg)
+        ent_loss = -entropy_coef * aggregate_tokens(ent, mf, agg, normaliser, seg)
         loss = loss + ent_loss
         metrics["actor/entropy_loss"] = ent_loss.detach()
 

@@ -60,7 +60,7 @@ def ckpt_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def _owner(path: Path) -> str | None:
+def run_owner(path: Path) -> str | None:
     try:
         return (path / RUN_ID).read_text().strip() or None
     except OSError:

@@ -100,9 +100,9 @@ def validate_sft(cfg: Config, sft: SFTArgs, world_size: int | None = None) -> No
 def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: int = RolloutConfig.max_info_tokens):
     """Token ids and loss mask of one demonstration, built exactly as a rollout builds them:
     the role's prompt (mask 0), each model turn's tokens (mask 1), each information block
-    through the rollout loop's own `_info_tokens` (mask 0, documents cut to max_info_tokens)."""
+    through the rollout loop's own `info_block_tokens` (mask 0, documents cut to max_info_tokens)."""
     from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
-    from inference.rollout import _info_tokens
+    from inference.rollout import info_block_tokens
 
     role = demo.get("role")
     if role == "solver":
@@ -121,7 +121,7 @@ def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: 
             toks = tokenizer(t["text"], add_special_tokens=False)["input_ids"]
             mask += [1] * len(toks)
         elif t.get("kind") == "info":
-            toks = _info_tokens(tokenizer, format_docs(t.get("docs")), max_info_tokens)
+            toks = info_block_tokens(tokenizer, format_docs(t.get("docs")), max_info_tokens)
             mask += [0] * len(toks)
         else:
             raise ValueError(f"turn kind must be 'model' or 'info', got {t.get('kind')!r}")
@@ -214,7 +214,7 @@ class SFTTrainer:
         return [self.trajs[i] for i in idx[self.D.rank()::self.D.world_size()]]
 
     def train_step(self, step: int) -> dict:
-        from training.engine_builder import set_lr
+        from training.lr_schedule import set_lr
         from training.update import accumulate, pack_equal
 
         D = self.D

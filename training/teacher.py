@@ -20,7 +20,7 @@ loss with its normaliser (distill.distill_kl_loss).
 
 --distill contrast (training/contrast.py): a second teacher sequence per covered trajectory, the block of
 another question's path in place of its own; the advantages gain beta x (log q_T right - log q_T wrong).
-`dense_term` is the trainer's entry point for all three forms.
+`dense_term` (training/self_distill.py) is the trainer's entry point for all three forms.
 
 Metrics (distill/*, summed over ranks before the ratios): kl = mean of log p_S - log q_T over covered
 sampled tokens (the sampled estimate of KL(p_S || q_T)); in topk mode the top-K KL itself, its mean over
@@ -140,36 +140,6 @@ def finish_metrics(sums: dict[str, float], beta: float) -> dict[str, float]:
                     "distill/contrast_coverage": both / sums["solver_tokens"] if sums["solver_tokens"] else 0.0,
                     "distill/with_contrast": sums["with_contrast"]})
     return out
-
-
-def dense_term(trajs: Sequence[Trajectory], adv: list[torch.Tensor], old: list[torch.Tensor], beta: float,
-               forward: Callable, tokenizer: Any, cfg: Any, pool_items: Sequence[dict] = (), step: int = 0,
-               played: Sequence[Trajectory] | None = None
-               ) -> tuple[list[torch.Tensor], dict[str, float], "TopKTerm | None"]:
-    """The trainer's teacher pass for cfg.algorithm.distill: (advantages, this rank's sums for `finish_metrics`,
-    the top-K loss term or None). sampled and contrast change the advantages; topk leaves them and returns
-    the term. `forward` scores teacher sequences (forward_logprobs, or forward_topk for topk); contrast
-    draws its wrong paths from the questions of `played` (every trajectory the rank played this step, trained
-    or not; None: `trajs`), else from `pool_items` (the rank's question pool).
-    Each trajectory with a teacher gets info["teacher_context"], which samples/ shows."""
-    a = cfg.algorithm
-    args = (tokenizer, cfg.model.template, a.distill_context_tokens, a.distill_hint)
-    term = None
-    if a.distill == "contrast":
-        from training.contrast import apply_contrast, contrast_logprobs, wrong_paths
-        wrong = wrong_paths(trajs, a.distill_hint, pool_items, cfg.optimisation.seed, step, played)
-        teacher, wrong_lp, blocks, wrong_blocks = contrast_logprobs(trajs, *args, forward, wrong)
-        adv, sums = apply_contrast(trajs, adv, old, teacher, wrong_lp, beta)
-        blocks = [b if w is None else f"{b}\n--- contrast: another question's path (the wrong one) ---\n{w}"
-                  for b, w in zip(blocks, wrong_blocks)]
-    else:
-        teacher, blocks = teacher_logprobs(trajs, *args, forward)
-        term = TopKTerm(trajs, teacher, beta, cfg.rollout.temperature) if a.distill == "topk" else None
-        adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
-    for t, b in zip(trajs, blocks):
-        if b is not None:
-            t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
-    return adv, sums, term
 
 
 # ----------------------------------------------------------------------------- the top-K form

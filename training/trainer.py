@@ -32,7 +32,7 @@ from training.config import (AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults,
 from training.launch_env import demo_defaults_in_use, node_count
 from training.critic import step_values, train_step_critic
 from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
-from training.engine_builder import set_lr
+from training.lr_schedule import set_lr
 from training.update import changed_fraction, snapshot_weights
 from inference.data import mix_search_turns
 from inference.game import is_count
@@ -80,7 +80,7 @@ def build_search_backend(cfg: Config, kind: str, engine=None, seed: int = 0):
     if kind == "none" or kind == "self":
         return None
     if kind == "simulated":
-        from retrieval.simulated import SimulatedSearch
+        from inference.simulated_search import SimulatedSearch
         return SimulatedSearch(url=s.sim_url or None, engine=None if s.sim_url else engine, model=s.sim_model or None,
                                noise_start=s.sim_noise_start, noise_end=s.sim_noise_end,
                                total_steps=cfg.optimisation.total_steps, seed=seed, template=cfg.model.template)
@@ -481,7 +481,8 @@ class SSPTrainer:
         their gap to the teacher under another question's path (training/contrast.py); topk: its top-K make the
         loss term (TopKTerm) that ppo_update adds, and the advantages stay."""
         from training.distill import beta_at
-        from training.teacher import dense_term, finish_metrics, forward_topk
+        from training.self_distill import dense_term
+        from training.teacher import finish_metrics, forward_topk
         a, temp = self.cfg.algorithm, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)

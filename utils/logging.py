@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+from utils import trackers as T
 from utils.dist import is_main
 
 
@@ -109,14 +110,12 @@ class RunLogger:
     def __init__(self, out_dir: str | Path, enabled: bool | None = None, tensorboard: bool = True,
                  report_to: str = "tensorboard", config: dict | None = None, run_name: str | None = None,
                  job_type: str = "train"):
-        from utils.trackers import parse_report_to
-
         self.enabled = is_main() if enabled is None else enabled
         self.out_dir = Path(out_dir)
         self.tb = None
         self.trackers: list = []
         self._skipped: set[str] = set()
-        names = parse_report_to(report_to)
+        names = T.parse_report_to(report_to)
         if not self.enabled:
             return
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -126,7 +125,6 @@ class RunLogger:
             self.tb = SummaryWriter(log_dir=str(self.out_dir / "tensorboard"))
         others = [n for n in names if n != "tensorboard"]
         if others:
-            from utils import trackers as T
             state = T.read_state(self.out_dir)
             cfg = T.public_config(config or {})
             name = run_name or self.out_dir.resolve().name
@@ -136,15 +134,13 @@ class RunLogger:
                 T.write_state(self.out_dir, state)
 
     def _to_trackers(self, method: str, *args) -> None:
-        from utils.trackers import one_line
-
         for t in list(self.trackers):
             try:
                 getattr(t, method)(*args)
             except Exception as e:  # noqa: BLE001 - a tracker never stops a run
                 self.trackers.remove(t)
                 # not closed either: closing a run on a server that is down would wait out its retries again
-                warn(f"{t.name}: {method} failed ({one_line(e)}); {t.name} is switched off "
+                warn(f"{t.name}: {method} failed ({T.one_line(e)}); {t.name} is switched off "
                      f"for the rest of this run, which goes on (metrics.jsonl and the other trackers keep logging)")
 
     def scalars(self, step: int, metrics: dict) -> None:
@@ -201,3 +197,22 @@ def fmt_metrics(metrics: dict, keys: list[str]) -> str:
 
 def warn(msg: str) -> None:
     print(f"[warn] {msg}", file=sys.stderr, flush=True)
+
+
+def log_summary(report_to: str, out_dir: Path, config: dict, values: dict, tables: dict[str, list[dict]],
+                run_name: str, warn=warn) -> None:
+    """A tracker run per call, holding `config`, `values` as its summary and `tables` (eval.py: one eval,
+    one run, its ids in out_dir/trackers.json). tensorboard in report_to writes nothing here. Failures:
+    one warning each; the caller's own files are the record."""
+    state: dict = {}
+    for name in [n for n in T.parse_report_to(report_to) if n != "tensorboard"]:
+        t = T.open_tracker(name, Path(out_dir), T.public_config(config), state, run_name, warn, job_type="eval")
+        if t is None:
+            continue
+        try:
+            t.summary(values, tables)
+            t.close()
+        except Exception as e:  # noqa: BLE001 - a tracker never fails the eval
+            warn(f"{name}: the summary was not logged ({T.one_line(e)}); {out_dir} holds it")
+    if state:
+        T.write_state(Path(out_dir), state)

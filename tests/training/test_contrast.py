@@ -17,7 +17,8 @@ from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher
 from inference.trajectory import Trajectory
 from training.config import Config
 from training.contrast import apply_contrast, contrast_logprobs, wrong_paths
-from training.teacher import dense_term, finish_metrics
+from training.self_distill import dense_term
+from training.teacher import finish_metrics
 
 MAX_CTX = 256
 

@@ -42,14 +42,14 @@ def tok(smollm2_dir):
 
 def test_render_demo_follows_the_rollout_mask_rule(tok):
     from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
-    from inference.rollout import _info_tokens
+    from inference.rollout import info_block_tokens
     from training.sft import render_demo
 
     ids, mask = render_demo(tok, solver_demo(), "auto", max_info_tokens=384)
     prompt = build_solver_prompt(tok, "What is the name of the 1875 opera by Georges Bizet?")
     assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
     t1 = tok("<search> 1875 opera by Georges Bizet </search>", add_special_tokens=False)["input_ids"]
-    info = _info_tokens(tok, format_docs(DOCS), 384)
+    info = info_block_tokens(tok, format_docs(DOCS), 384)
     p = len(prompt)
     assert ids[p:p + len(t1)] == t1 and all(mask[p:p + len(t1)])
     assert ids[p + len(t1):p + len(t1) + len(info)] == info and not any(mask[p + len(t1):p + len(t1) + len(info)])

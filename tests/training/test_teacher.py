@@ -12,8 +12,9 @@ import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
 from inference.trajectory import Trajectory
-from training.teacher import (TopKTerm, apply_sampled, coverage_sums, dense_term, finish_metrics, privileged_block,
-                              teacher_logprobs, teacher_trajectory)
+from training.self_distill import dense_term
+from training.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
+                              teacher_trajectory)
 
 QCP = {"queries": ["1900 Olympics host", "Paris river"],
        "docs": [[{"id": "1", "contents": "1900 Summer Olympics\nThe games were held in Paris."}],

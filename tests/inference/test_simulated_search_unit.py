@@ -1,7 +1,7 @@
 """Simulated search (ZeroSearch): the curriculum against its formula, reply parsing, the noisy/useful
 draws with a real in-process engine (tiny random Llama through HFEngine), checkpoint state, and
 bounded failure when the simulator server is down or hangs. The test against a real vLLM server
-lives in tests/inference/test_simulated_search.py (it shares that directory's server fixture)."""
+lives in tests/inference/test_simulated_search.py (it needs that directory's server fixture)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from retrieval.simulated import SimulatedSearch, SimulatorUnavailable, build_messages, noise_probability, parse_document
+from inference.simulated_search import SimulatedSearch, SimulatorUnavailable, build_messages, noise_probability, parse_document
 from utils.dist import free_port
 
 # --- the curriculum -------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
 """Simulated search (ZeroSearch, arXiv:2505.04588): an LLM writes the documents a search engine would return.
 
+It lives in inference/, not retrieval/: it is generation (a chat client or an in-process engine, sampling
+settings, chat templates) that only speaks the retrievers' output format, and retrieval/ knows nothing of
+generation.
+
     sim = SimulatedSearch(url="http://127.0.0.1:8001", noise_start=0.25, noise_end=0.5, total_steps=200)
     sim.set_step(step)                                              # once per training step
     sim.search(["capital of france"], topk=3,
@@ -37,6 +41,10 @@ import math
 import random
 import re
 from typing import Any, Sequence
+
+from inference.engines import SamplingConfig
+from inference.judge import Judge
+from inference.prompts import encode_prompt, render_chat
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +237,6 @@ class SimulatedSearch:
         self.client = None
         self.show_answer = show_answer
         if url is not None:
-            from inference.judge import Judge
-
             self.client = Judge(url, model=model, mode="llm", api_key=api_key, max_concurrency=max_concurrency,
                                 timeout_s=timeout_s, retries=retries, give_up_after=give_up_after, extra_body=extra_body)
         self.noise_start, self.noise_end = float(noise_start), float(noise_end)
@@ -354,9 +360,6 @@ class SimulatedSearch:
             return [None] * len(messages), e
 
     def _engine_generate(self, messages: list[list[dict]], seeds: list[int]) -> list[str | None]:
-        from inference.engines import SamplingConfig
-        from inference.prompts import encode_prompt, render_chat
-
         tok = self.engine.tokenizer
         limit = int(getattr(self.engine, "max_model_len", 1 << 30))
         prompts, idx = [], []
