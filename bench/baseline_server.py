@@ -17,12 +17,12 @@ from typing import List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from retrieval.schema import format_result  # noqa: E402
+
 
 def make_app(retriever, default_topk: int = 3):
     from fastapi import FastAPI
     from pydantic import BaseModel
-
-    from retrieval.schema import format_result
 
     class QueryRequest(BaseModel):
         queries: List[str]

@@ -25,6 +25,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from inference.engines import SamplingConfig, VLLMEngine  # noqa: E402
+from inference.self_search import build_self_search_prompt  # noqa: E402
+from inference.simulated_search import SimulatedSearch  # noqa: E402
+
 # The code this section measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_backends.py", "inference/engines.py", "inference/self_search.py",
             "retrieval/retriever.py", "inference/simulated_search.py"]
@@ -49,12 +54,8 @@ def main() -> None:
     ap.add_argument("--index", default=str(REPO / "data/indexes/bm25"), help="BM25 index folder")
     args = ap.parse_args()
     # vLLM first: bm25s imports numba, which vLLM's CPU start-up scan trips over (see inference/engines.py)
-    from inference.engines import SamplingConfig, VLLMEngine
     engine = VLLMEngine(args.model, dtype="float32", max_model_len=2048)
-    from bench.report import md_table, write_results
-    from inference.self_search import build_self_search_prompt
     from retrieval.retriever import load_retriever
-    from inference.simulated_search import SimulatedSearch
 
     rows = [json.loads(line) for line in (REPO / "data/eval/fanoutqa_singlehop.jsonl").open()][:args.queries]
     queries = [r["question"] for r in rows]

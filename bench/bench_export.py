@@ -36,6 +36,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from inference.engines import group_by_layer  # noqa: E402
+from training.config import Config  # noqa: E402
+from utils import dist as D  # noqa: E402
+from utils.dist import free_port  # noqa: E402
+
 # The code this section measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_export.py", "inference/engines.py", "training/checkpoint.py", "training/engine_builder.py"]
 
@@ -75,8 +81,6 @@ def old_export(module, tokenizer_dir: str, out: Path) -> None:
     from safetensors.torch import save_file
     from transformers import AutoTokenizer
 
-    from utils import dist as D
-
     state = {}
     for name, p in module.named_parameters():
         with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
@@ -91,14 +95,10 @@ def old_export(module, tokenizer_dir: str, out: Path) -> None:
 
 
 def child(args) -> None:
-    from utils import dist as D
-
     D.init_distributed()
     import torch
 
-    from inference.engines import group_by_layer
     from training import checkpoint as C
-    from training.config import Config
     from training.engine_builder import build_engines
 
     cfg = Config()
@@ -148,8 +148,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    from bench.report import md_table, write_results
-    from utils.dist import free_port
 
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "export.json"

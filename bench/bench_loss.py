@@ -42,6 +42,8 @@ MEASURES = ["bench/bench_loss.py", "training/logprobs.py", "training/loss.py", "
 
 import torch  # noqa: E402
 
+from bench.report import md_table, write_results  # noqa: E402
+
 # ----------------------------------------------------------------------------- args
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 # (a) packed vs padded
@@ -317,7 +319,6 @@ def main():
     torch.set_num_threads(args.threads)
     if args.child:
         return child(args)
-    from bench.report import md_table, write_results
 
     a = bench_packing(args)
     if args.only_a:

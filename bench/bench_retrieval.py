@@ -37,12 +37,12 @@ sys.path.insert(0, str(REPO))
 MEASURES = ["bench/baseline_server.py", "bench/bench_retrieval.py", "retrieval"]
 
 from bench.report import md_table, write_results  # noqa: E402
+from retrieval.quality import hit_at_k, read_eval_rows  # noqa: E402
+from utils.assets import fanoutqa_dev  # noqa: E402
 
 
 def fanoutqa_questions() -> list[str]:
     """Every question and sub-question of FanOutQA dev: realistic search-agent queries (~2.4k)."""
-    from utils.assets import fanoutqa_dev
-
     out = []
 
     def walk(q):
@@ -162,7 +162,6 @@ def batching_ceiling(index: Path, queries: list[str], threads: int, n: int = 32,
 
 
 def quality(bm25_index: Path, dense_index: Path, eval_path: Path) -> dict:
-    from retrieval.quality import hit_at_k, read_eval_rows
     from retrieval.retriever import load_retriever
 
     rows = read_eval_rows(eval_path)

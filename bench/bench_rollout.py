@@ -40,6 +40,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from inference.engines import VLLMEngine  # noqa: E402
+from inference.hf_engine import HFEngine  # noqa: E402
+from inference.prompts import SOLVER_INSTRUCTION, build_solver_prompt  # noqa: E402
+from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
+from utils.assets import smollm2_dir  # noqa: E402
+
 # The code this section measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_rollout.py", "inference/engines.py", "inference/hf_engine.py",
             "inference/prompts.py", "inference/rollout.py", "retrieval/retriever.py"]
@@ -126,8 +133,6 @@ def load_search(args) -> tuple[object, str]:
 
 
 def build_prompts(tok, questions: list[str], kind: str) -> list[list[int]]:
-    from inference.prompts import SOLVER_INSTRUCTION, build_solver_prompt
-
     if kind == "solver":
         return [build_solver_prompt(tok, q) for q in questions]
     head = SOLVER_INSTRUCTION + "\n\n" + FEW_SHOT
@@ -136,8 +141,6 @@ def build_prompts(tok, questions: list[str], kind: str) -> list[list[int]]:
 
 def timed_rollout(engine, prompts, search, cfg):
     """(wall s, process CPU s, trajectories) of one run_rollouts call."""
-    from inference.rollout import RolloutRequest, run_rollouts
-
     if hasattr(engine, "reset_prefix_cache"):
         # Greedy repeats would otherwise find every earlier trajectory cached; a fresh cache is
         # also what each rollout sees in training (every weight sync resets it).
@@ -159,10 +162,6 @@ def main() -> None:
     from tqdm import tqdm
 
     torch.set_num_threads(args.threads)  # must precede vLLM, which makes it a no-op afterwards
-    from inference.engines import VLLMEngine
-    from inference.hf_engine import HFEngine
-    from inference.rollout import RolloutConfig
-    from utils.assets import smollm2_dir
 
     model = args.model or str(smollm2_dir())
     search, search_desc = load_search(args)
@@ -208,7 +207,6 @@ def main() -> None:
     same = sum(a.token_ids == b.token_ids for a, b in zip(trajs["vllm"], trajs["hf"]))
     ratio_tok, ratio_traj = v["tok_s"] / h["tok_s"], v["traj_s"] / h["traj_s"]
     ratio_cpu = v["cpu_tok_s"] / h["cpu_tok_s"]
-    from bench.report import md_table, write_results
 
     table = md_table(
         ["engine", "run s (median)", "sampled tokens/s", "trajectories/s", "sampled tokens", "turns/traj",

@@ -29,6 +29,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from utils.dist import free_port  # noqa: E402
+
 # The code whose speed this measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_step.py", "inference", "retrieval", "train.py", "training"]
 PHASES = [("sync", "timing_s/sync"), ("generate (game)", "timing_s/generate"),
@@ -61,7 +64,6 @@ def train_command(out: Path, steps: int, *, dtype: str = "fp32", train_top_layer
 def launch(out: Path, steps: int, **kw) -> None:
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                VLLM_ENABLE_V1_MULTIPROCESSING="0", TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
-    from utils.dist import free_port
     subprocess.run(train_command(out, steps, port=free_port(), **kw), cwd=REPO, env=env, check=True)
 
 
@@ -97,8 +99,6 @@ def section_name(runs: list[dict]) -> str:
 
 def report(runs: list[dict]) -> tuple[dict, str]:
     """(results.json keys, markdown): one (median s, share) column pair per run."""
-    from bench.report import md_table
-
     header = ["phase"] + [h for r in runs for h in (f"{r['label']}: median s", "share of step")]
     table = []
     for name, key in PHASES:
@@ -142,7 +142,6 @@ def main(argv: list[str] | None = None) -> None:
                     help="gae: both roles use PPO's critic and GAE (--solver_estimator gae --proposer_estimator gae), "
                          "so the table shows the critic's share; empty = train.py's default estimators")
     args = ap.parse_args(argv)
-    from bench.report import write_results
 
     with tempfile.TemporaryDirectory() as d:
         folders = [Path(p) for p in args.run]

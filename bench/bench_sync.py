@@ -33,6 +33,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from inference.engines import SamplingConfig, VLLMEngine  # noqa: E402
+from training.config import Config  # noqa: E402
+from training.hybrid import HybridEngine  # noqa: E402
+from utils import dist as D  # noqa: E402
+from utils.dist import free_port  # noqa: E402
+
 # The code whose speed and correctness this measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_sync.py", "inference/engines.py", "training/engine_builder.py", "training/hybrid.py"]
 
@@ -40,8 +47,6 @@ MEASURES = ["bench/bench_sync.py", "inference/engines.py", "training/engine_buil
 def _lp_gap(eng, llm, prompt: list[int], seed: int) -> float:
     """Max |vLLM - actor| log-prob of 8 tokens vLLM samples after `prompt`. Collective (ZeRO-3 forward)."""
     import torch
-
-    from inference.engines import SamplingConfig
 
     out = llm.generate([prompt], SamplingConfig(temperature=1.0, max_tokens=8, seed=seed))[0]
     full = torch.tensor([prompt + out.token_ids])  # (1, T)
@@ -53,14 +58,10 @@ def _lp_gap(eng, llm, prompt: list[int], seed: int) -> float:
 
 def child(args) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from utils import dist as D
     D.init_distributed()
     import torch
 
-    from inference.engines import VLLMEngine
-    from training.config import Config
     from training.engine_builder import build_engines
-    from training.hybrid import HybridEngine
 
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = args.model, args.dtype, False
@@ -102,7 +103,6 @@ def label(dtype: str, top: int) -> str:
 
 
 def run_config(args, dtype: str, top: int, out: Path) -> dict:
-    from utils.dist import free_port
     env = dict(os.environ, OMP_NUM_THREADS="1", DS_ACCELERATOR="cpu", HF_HUB_OFFLINE="1",
                TORCH_EXTENSIONS_DIR=str(REPO / ".torch_extensions"))
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -114,8 +114,6 @@ def run_config(args, dtype: str, top: int, out: Path) -> dict:
 
 def report(args, results: dict[tuple[str, int], dict]) -> tuple[dict, str]:
     """(results.json keys, markdown) of the measured configurations."""
-    from bench.report import md_table
-
     keys, rows, checks = {}, [], []
     for (dtype, top), res in results.items():
         dm = str(res["default_mb"])
@@ -177,7 +175,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.child:
         return child(args)
-    from bench.report import write_results
 
     results = {}
     with tempfile.TemporaryDirectory() as d:

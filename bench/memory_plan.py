@@ -28,6 +28,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import RESULTS_DIR, md_table, write_results  # noqa: E402
+from training import memory_plan as mp  # noqa: E402
+from training.config import GROUPS, Config, build_parser, resolve_defaults  # noqa: E402
+
 # The code this section measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/config.py", "training/memory_plan.py"]
 
@@ -66,7 +70,6 @@ def script_argv(script: Path) -> list[str]:
 
 def config_from_argv(argv: list[str]):
     """The resolved Config of a command line, without validate_args (paths are not on this machine)."""
-    from training.config import GROUPS, Config, build_parser, resolve_defaults
     ns = build_parser().parse_args(argv)
     return resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
                                       for g, cls in GROUPS.items()}))
@@ -80,8 +83,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's memory-plan table")
     args = ap.parse_args()
-    from bench.report import RESULTS_DIR, md_table, write_results
-    from training import memory_plan as mp
 
     plans, rows, keys = {}, [], {}
     for script in MODEL_SCRIPTS:

@@ -21,6 +21,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench.report import md_table, write_results  # noqa: E402
+from training import memory_plan as mp  # noqa: E402
+from training.config import Config  # noqa: E402
+from utils.dist import free_port  # noqa: E402
+
 SHAPES = {  # the architectures of Qwen2.5-0.5B and -1.5B (their config.json values)
     "qwen2.5-0.5b": dict(model_type="qwen2", hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                          num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True),
@@ -35,8 +40,6 @@ def measure(shape: str, ckpt: bool, tokens: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from training import memory_plan as mp
-    from training.config import Config
     from training.engine_builder import build_ds_config
     from training.logprobs import sequence_logprobs
     from training.packing import MicroBatch
@@ -89,8 +92,6 @@ def measure(shape: str, ckpt: bool, tokens: int) -> dict:
 
 def planned(shape: str, ckpt: bool, tokens: int) -> dict:
     """The plan's figures for one measured case (recomputed at --report time, so they follow the plan)."""
-    from training import memory_plan as mp
-    from training.config import Config
     cfg = Config()
     cfg.model.gradient_checkpointing, cfg.optimisation.micro_token_budget = ckpt, tokens
     t = mp.plan(cfg, 1, 1, arch=SHAPES[shape], arch_source=shape, with_deepspeed=False)["train"]
@@ -99,7 +100,6 @@ def planned(shape: str, ckpt: bool, tokens: int) -> dict:
 
 
 def report(path: str) -> None:
-    from bench.report import md_table, write_results
     rows, keys = [], {}
     runs = json.loads(Path(path).read_text())
     for r in runs:
@@ -131,7 +131,6 @@ def main() -> None:
     args = ap.parse_args()
     if args.report:
         return report(args.report)
-    from utils.dist import free_port
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     import deepspeed
     deepspeed.init_distributed(dist_backend="nccl")

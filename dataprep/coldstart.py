@@ -60,7 +60,9 @@ from dataprep.leak_check import EvalIndex, LeakError, check_no_leak, load_eval_f
 from dataprep.protocol import Protocol, misfit
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from inference.filters import FilterConfig, check_question
+from inference.game import GameConfig
 from training.config import RolloutArgs, SelfPlayArgs
+from utils import assets
 from utils.logging import write_jsonl_atomic
 from utils.text import normalize_answer
 
@@ -129,8 +131,6 @@ def fanout_candidates(dev: list[dict], eval_ids: set[str], dropped: Counter) -> 
 
 def rl_filter_config(min_searches: int = RL_MIN_SEARCHES) -> FilterConfig:
     """The cheap question filter exactly as the trainer builds it: GameConfig's defaults and --min_searches."""
-    from inference.game import GameConfig
-
     return GameConfig(min_searches=min_searches).filter_config()
 
 
@@ -432,8 +432,6 @@ def heldout_rows(wiki: dict, eval_rows: list[Any], train_files: list[Path], n: i
 
 
 def main(argv: list[str] | None = None) -> int:
-    from utils import assets
-
     data = assets.DATA
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     # what to build
@@ -496,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--index {a.index} holds no finished index; build one: python -m retrieval.build_index "
                 f"--corpus data/corpus/wiki.jsonl --out {a.index} --kind bm25")
     t0 = time.time()
-    from retrieval.retriever import load_retriever
+    from retrieval.retriever import load_retriever  # numpy, bm25s or FAISS
 
     retriever = load_retriever(a.index)
     wiki = json.loads((a.wiki or assets.wiki_summaries()).read_text())

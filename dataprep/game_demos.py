@@ -31,6 +31,7 @@ from dataprep.facts import Fact
 from dataprep.protocol import Protocol, fit_turn
 from inference.filters import FilterConfig, check_question
 from inference.prompts import format_docs
+from inference.rollout import info_block_tokens
 from utils.text import normalize_answer
 
 QUOTE_WORDS = 22   # the longest quote tried; fit_turn shortens it until the turn fits the protocol
@@ -39,8 +40,6 @@ TOPK = 3
 
 def block_text(tok: Any, docs: Sequence[dict], proto: Protocol) -> str:
     """The documents as a rollout shows them: the formatted block cut to --max_info_tokens."""
-    from inference.rollout import info_block_tokens
-
     return tok.decode(info_block_tokens(tok, format_docs(list(docs)), proto.max_info_tokens), skip_special_tokens=True)
 
 

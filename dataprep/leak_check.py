@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable
 
+from inference.data import load_eval_rows
 from utils.text import as_answer_list, normalize_answer
 
 MIN_PHRASE_WORDS = 3   # containment check: eval questions this long or longer (normalised words)
@@ -110,8 +111,6 @@ def check_no_leak(demos: list[dict], eval_rows: Iterable[Any], max_examples: int
 
 def load_eval_files(paths: list[Path]) -> list[Any]:
     """The eval rows of these files, each labelled with its file name (leak messages name it)."""
-    from inference.data import load_eval_rows
-
     rows = []
     for p in paths:
         for r in load_eval_rows(p):

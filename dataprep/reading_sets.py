@@ -48,6 +48,7 @@ from dataprep.game_demos import QUOTE_WORDS, block_text, fact_proposer_demos, na
 from dataprep.leak_check import EvalIndex, check_no_leak, load_eval_files
 from dataprep.protocol import Protocol, add_protocol_args, fit_turn, misfit, protocol_of, read_protocol, write_protocol
 from inference.filters import FilterConfig
+from utils import assets
 from utils.text import contains_answer, normalize_answer
 
 NAMED_RELATIONS = {"capital", "largest_city", "official_language", "located_in", "capital_of", "founded_by",
@@ -342,8 +343,6 @@ def summary(b: Built) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from utils import assets
-
     data = assets.DATA
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--corpus", type=Path, default=data / "corpus" / "wiki.jsonl")

@@ -10,9 +10,11 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Protocol, Sequence
 
+from inference.engines import SamplingConfig
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, format_docs
 from inference.rewards import extract_answer
+from inference.rollout import info_block_tokens
 from inference.trajectory import Trajectory
 from utils.text import exact_match
 
@@ -96,8 +98,6 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
     the distractors' searches shuffled in among them. It reads what a solver that searched well would read, in the
     solver's own format, so a question passes only when those blocks answer it. Distractors are dropped, last
     first, while the prompt is over `limit` tokens; the proposer's own searches always stay."""
-    from inference.rollout import info_block_tokens
-
     def ids(searches: list[tuple[str, list[dict]]]) -> list[int]:
         out = build_solver_prompt(tok, question, template)
         for q, docs in searches:
@@ -134,8 +134,6 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge
         prompts.append((i, picked))
 
     if cfg.rag_verifier == "policy":
-        from inference.engines import SamplingConfig
-
         tok = engine.tokenizer
         limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
         views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],

@@ -29,7 +29,9 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.corpus import DOCS_FILE, DocStore, write_docs
-from retrieval.manifest import MANIFEST, write_manifest
+from retrieval.encoder import Encoder, fingerprint, model_name
+from retrieval.manifest import MANIFEST, import_bm25s, write_manifest
+from retrieval.retriever import make_stemmer
 from utils.errors import InputError, InputFileExists, InputFileMissing, entry_point_error
 
 log = logging.getLogger("retrieval.build_index")
@@ -73,11 +75,7 @@ def ensure_docs(corpus: Path, out: Path) -> int:
 
 def build_bm25(corpus: Path, out: Path, k1: float = 1.5, b: float = 0.75, method: str = "lucene",
                stopwords: str = "en", stemmer: str | None = None) -> dict:
-    from retrieval.manifest import import_bm25s
-
     bm25s = import_bm25s()
-
-    from retrieval.retriever import make_stemmer
 
     n = ensure_docs(corpus, out)
     texts = DocStore(out).all_contents()
@@ -160,8 +158,6 @@ def build_dense(corpus: Path, out: Path, encoder_path: str, device: str = "cpu",
                 train_size: int = 200_000) -> dict:
     import faiss
     from tqdm import tqdm
-
-    from retrieval.encoder import Encoder, fingerprint, model_name
 
     if index_type not in INDEX_TYPES:
         raise InputError(f"--index {index_type!r} is not one of {INDEX_TYPES}")

@@ -39,6 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval.build_index import ensure_docs, prepare_out
+from retrieval.corpus import DocStore
+from retrieval.encoder import Encoder, fingerprint, model_name
 from retrieval.manifest import EncoderMismatch, write_manifest
 from utils.errors import InputError, InputFileMissing, entry_point_error
 
@@ -152,10 +155,6 @@ def import_searchr1(index: str | Path, corpus: str | Path, encoder: str | Path, 
                     check_docs: int = 16, min_cosine: float = 0.995, device: str = "cpu",
                     overwrite: bool = False) -> dict:
     """Write out/manifest.json and out/docs.arrow for a Search-R1 index + corpus; returns the manifest."""
-    from retrieval.build_index import ensure_docs, prepare_out
-    from retrieval.corpus import DocStore
-    from retrieval.encoder import Encoder, fingerprint, model_name
-
     index, corpus, out = Path(index).resolve(), Path(corpus).resolve(), Path(out)
     for what, p in (("--index", index), ("--corpus", corpus)):
         if not p.is_file():

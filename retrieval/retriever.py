@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from retrieval.corpus import DocStore
-from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
+from retrieval.encoder import Encoder
+from retrieval.manifest import ManifestError, import_bm25s, index_file, read_manifest, resolve_encoder
 from utils.errors import MissingPackage
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,6 @@ class BM25Retriever(Retriever):
 
     def __init__(self, index_dir: str | Path, manifest: dict):
         super().__init__(index_dir, manifest)
-        from retrieval.manifest import import_bm25s
 
         bm25s = import_bm25s()
         self._bm25s = bm25s
@@ -137,8 +137,6 @@ class DenseRetriever(Retriever):
                  faiss_fp16: bool | None = None):
         super().__init__(index_dir, manifest)
         import faiss
-
-        from retrieval.encoder import Encoder
 
         enc_path = resolve_encoder(manifest, encoder, index_dir)
         self.encoder = Encoder(enc_path, device=device, pooling=manifest["pooling"], normalize=manifest["normalize"],

@@ -44,8 +44,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from retrieval.batcher import MicroBatcher
+from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
 from retrieval.schema import Limits, RequestError, format_result, parse_retrieve_request
-from retrieval.worker import SearchRestarted
+from retrieval.worker import SearchProcess, SearchRestarted
+from utils.errors import InputError, entry_point_error
 
 log = logging.getLogger("retrieval.server")
 
@@ -146,7 +148,7 @@ def create_app(load_fn: Callable[[], object], limits: Limits = Limits(), max_bat
 
 def _gpu_ids(spec: str) -> str:
     """argparse type of --faiss-gpus: checks the list now, keeps the text ("all" still means: use the GPUs)."""
-    from retrieval.retriever import parse_gpu_ids
+    from retrieval.retriever import parse_gpu_ids  # numpy: the server's own process leaves it to the search process
 
     try:
         parse_gpu_ids(spec)
@@ -208,9 +210,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import uvicorn
 
-    from retrieval.manifest import ManifestError, index_file, read_manifest, resolve_encoder
-    from utils.errors import InputError, entry_point_error
-
     # Cheap checks first, before the port opens: a wrong index/encoder pair must fail loudly now,
     # not after clients have started waiting on it.
     try:
@@ -232,7 +231,6 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     def load():
-        from retrieval.worker import SearchProcess
         return SearchProcess(load_kwargs(a, manifest), threads=a.threads, warmup=a.max_batch, topk=a.default_topk)
 
     limits = Limits(a.max_queries, a.max_query_chars, a.max_topk, a.default_topk, a.max_body_bytes)

@@ -31,6 +31,8 @@ from typing import Callable, Hashable, Sequence
 
 import torch
 
+from utils import dist as D
+
 AllReduce = Callable[[torch.Tensor], None]
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[..., "AdvantageOutput"]] = {}
@@ -70,7 +72,6 @@ def _all_reduce_sum(x: torch.Tensor, all_reduce: AllReduce | None) -> torch.Tens
     if all_reduce is not None:
         all_reduce(x)
     else:
-        from utils import dist as D  # every collective goes through utils.dist (device per backend)
         D.all_reduce_tensor(x, "sum")
     return x
 

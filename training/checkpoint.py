@@ -37,11 +37,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from inference.engines import group_by_layer
+from training.config import ConfigError
 from training.run_state import (OPERATIONAL, RUN_ID, STARTED_OVER, TAG_RE, ResumeError, run_owner,  # noqa: F401 - re-exported
                                  ckpt_root, config_diff, config_diff_all, find_resume, output_dir_verdict, resume_offer,
                                  tag_for)
 from utils import dist as D
-from utils.trackers import flat as _flat  # noqa: F401 - re-exported: nested config dict -> {"group.field": value}
 
 DEFAULT_MAX_SHARD_SIZE = "5GB"  # per safetensors file of the HF export (save_pretrained's own default is 50GB)
 
@@ -92,8 +93,6 @@ def claim_output_dir(output_dir: str | Path, config: dict) -> str:
     or is refused; write config.json and the run id; return the run id. Refuses (ConfigError) when
     config.json differs in a run-defining field, when checkpoints exist without a config.json, and
     when --resume none would start over on top of the run's checkpoints."""
-    from training.config import ConfigError
-
     resume = config["checkpointing"]["resume"]
     out, root = Path(output_dir), ckpt_root(output_dir)
     cfg_file = out / "config.json"
@@ -137,8 +136,6 @@ def prepare_output_dir(cfg) -> str:
     """Create output_dir and write config.json, or refuse a folder that holds another run (see
     `claim_output_dir`). Collective: rank 0 decides, every rank raises the same ConfigError or
     returns the same run id."""
-    from training.config import ConfigError
-
     verdict = None
     if D.is_main():
         try:
@@ -175,8 +172,6 @@ def check_shared_output_dir(output_dir: str | Path, wait_s: float | None = None)
     filesystem's attribute cache) and all ranks gather who could not, so every rank raises the
     same ConfigError, naming the first such rank and its host. Collective."""
     import socket
-
-    from training.config import ConfigError
 
     if D.world_size() == 1:
         return
@@ -370,8 +365,6 @@ def export_hf(module, tokenizer_dir: str | Path, out_dir: str | Path, *,
     nothing beyond their own partitions (bench/RESULTS.md, section export). Layer groups (a decoder
     layer, or a run of non-layer tensors) are where the CPU heap is trimmed."""
     from huggingface_hub import split_torch_state_dict_into_shards
-
-    from inference.engines import group_by_layer
 
     out_dir = Path(out_dir)
     params = list(module.named_parameters())  # tied weights appear once, as save_pretrained writes them

@@ -27,6 +27,7 @@ from inference.rollout import RolloutConfig
 from training.critic_config import critic_errors, needs_critic  # noqa: F401
 from training.input_checks import model_path_errors, report_to_errors
 from training.launch_env import cuda_present, demo_default_errors, node_count
+from training.rounds import refill_errors
 from utils.errors import InputError
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
@@ -502,7 +503,6 @@ def validate_args(cfg: Config, world_size: int | None = None, *, cuda: bool | No
                     f"{o.max_nonfinite_steps})")
     if a.ppo_epochs < 1 or a.ppo_mini_batches < 1:
         errs.append(f"--ppo_epochs and --ppo_mini_batches must be >= 1 (got {a.ppo_epochs}, {a.ppo_mini_batches})")
-    from training.rounds import refill_errors  # the refill lever's own checks, beside its loop
     errs += refill_errors(cfg)
     if a.dual_clip and a.dual_clip <= 1:
         errs.append(f"--dual_clip must be > 1 or 0 to disable (got {a.dual_clip})")

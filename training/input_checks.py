@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from utils.trackers import parse_report_to
+
 
 def model_path_errors(model_path: str) -> list[str]:
     """[] for a local folder, or a hub id ("org/name", where "org" is no local folder) while the hub
@@ -29,7 +31,6 @@ def model_path_errors(model_path: str) -> list[str]:
 
 def report_to_errors(report_to: str) -> list[str]:
     """[] for a --report_to of known trackers; else the message naming what is not one."""
-    from utils.trackers import parse_report_to  # light: no tracker is imported
     try:
         parse_report_to(report_to)
     except ValueError as e:

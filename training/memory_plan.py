@@ -76,6 +76,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from training.config import needs_critic, needs_reference
+
 GiB = 1 << 30
 RUNTIME_OVERHEAD = 2 * GiB     # CUDA context + NCCL + cuBLAS workspaces + vLLM's sleep residue (assumed)
 VLLM_NON_KV = 2 * GiB          # vLLM's profiled activations and CUDA graphs, inside its share (assumed)
@@ -184,7 +186,6 @@ def critic_params(cfg, counts: dict) -> tuple[int, int]:
     """(Pc, Pct): the critic's parameters (the decoder of --critic_model_path or the actor's, without an
     untied lm_head, plus veRL's value head h + 1) and the trainable ones (--critic_train_top_layers + head);
     (0, 0) when no role uses gae."""
-    from training.config import needs_critic
     if not needs_critic(cfg):
         return 0, 0
     if cfg.critic.critic_model_path and cfg.critic.critic_model_path != cfg.model.model_path:
@@ -261,7 +262,6 @@ def plan(cfg, world: int, gpus_per_node: int | None = None, arch: dict | None = 
          with_deepspeed: bool = True) -> dict:
     """The memory plan as a JSON-able dict (bytes per GPU unless a key says otherwise)."""
     from training.logprobs import auto_chunk_size   # one source of truth for the head's chunk
-    from training.config import needs_reference
 
     if arch is None:
         arch, arch_source = load_arch(cfg.model.model_path)

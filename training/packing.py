@@ -35,6 +35,8 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import torch
 
+from utils import dist as D
+
 AllReduceMax = Callable[[int], int]
 FLASH_IMPLS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn",
                "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3")
@@ -244,7 +246,6 @@ def global_max(value: int, all_reduce_max: AllReduceMax | None = None) -> int:
     """Max of `value` over ranks: the callable if given, else utils.dist (a no-op without a process group)."""
     if all_reduce_max is not None:
         return int(all_reduce_max(int(value)))
-    from utils import dist as D
     return int(D.all_reduce_max(int(value)))
 
 

@@ -17,6 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inference.data import load_eval_rows, load_proposer_rows
+from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from training.config import needs_critic
+from training.input_checks import model_folder_errors
 from utils.errors import InputError
 
 
@@ -32,8 +36,6 @@ class TrainInputs:
 def read_inputs(cfg) -> tuple[TrainInputs, list[str]]:
     """Every row file the run uses, read; and the errors found in them (each file's own RowError). Files that
     do not exist are skipped here: validate_args names them."""
-    from inference.data import load_eval_rows, load_proposer_rows
-
     sp, inputs, errs = cfg.selfplay, TrainInputs(), []
 
     def read(flag: str, path: str, loader, **kw) -> list:
@@ -56,9 +58,6 @@ def read_inputs(cfg) -> tuple[TrainInputs, list[str]]:
 
 def model_errors(cfg) -> list[str]:
     """The policy's folder (and the critic's, when it starts from another): a causal LM that loads."""
-    from training.config import needs_critic
-    from training.input_checks import model_folder_errors
-
     errs = model_folder_errors(cfg.model.model_path)
     c = cfg.critic
     if needs_critic(cfg) and c.critic_model_path:
@@ -70,8 +69,6 @@ def model_errors(cfg) -> list[str]:
 def index_errors(cfg) -> list[str]:
     """The in-process retriever's index (when a role searches it): finished, its manifest fits its folder, a
     dense index's encoder and FAISS file at hand. Nothing is loaded."""
-    from retrieval.manifest import index_file, read_manifest, resolve_encoder
-
     s = cfg.search
     if "retriever" not in (s.proposer_search, s.solver_search) or s.retriever_url or not Path(s.index).exists():
         return []

@@ -20,10 +20,10 @@ the uneven phase).
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
-if TYPE_CHECKING:
-    from inference.game import GameResult
+from inference.data import parse_search_turns_mix
+from inference.game import GameResult, is_count
 
 ROUND_SEED_STRIDE = 104_729
 """Round k >= 1 of a step samples with rollout seed + k x this (a prime that is no multiple of the 1009 a step
@@ -78,8 +78,6 @@ def merge_stats(stats: Sequence[dict], n_solver: Sequence[int]) -> dict:
     (inference.game.is_count) and judge/* summed, means weighted by what they are means over (a round with
     nothing to average adds nothing), game/pool_size the last round's. A stat none of these names is
     averaged over the rounds that have it (tests/training/test_rounds.py checks a real round has none)."""
-    from inference.game import is_count
-
     out: dict = {}
     for k in dict.fromkeys(k for s in stats for k in s):
         have = [(s, n) for s, n in zip(stats, n_solver) if k in s]
@@ -99,8 +97,6 @@ def merge_rounds(rounds: Sequence[GameResult], main: bool = True) -> GameResult:
     """The step's game from its rounds: every round's proposer trajectories, then every round's solver
     trajectories (GameResult's order), and merge_stats's stats, plus game/rounds: the rounds played, counted
     on the main rank only, since a count is summed over ranks and every rank played the same rounds."""
-    from inference.game import GameResult
-
     trajs = [t for role in ("proposer", "solver") for g in rounds for t in g.trajectories if t.role == role]
     stats = merge_stats([g.stats for g in rounds],
                         [sum(t.role == "solver" for t in g.trajectories) for g in rounds])
@@ -121,7 +117,6 @@ def drop_flat_solver_groups(trajs) -> tuple[list, int]:
 
 def refill_errors(cfg) -> list[str]:
     """Why --min_informative_groups / --max_rounds / --search_turns_mix cannot run as given ([] when they can)."""
-    from inference.data import parse_search_turns_mix  # light: no torch
     a, sp, errs = cfg.algorithm, cfg.selfplay, []
     n, r = a.min_informative_groups, a.max_rounds
     if n < 0 or r < 1:

@@ -16,6 +16,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.config import Config
 from utils.errors import InputError
 from utils.trackers import flat as _flat  # nested config dict -> {"group.field": value}
 
@@ -70,8 +71,6 @@ def run_owner(path: Path) -> str | None:
 def config_diff(old: dict, new: dict) -> dict[str, tuple]:
     """{"group.field": (old, new)} for every run-defining field whose value differs. A field the
     old config.json lacks (written before the field existed) counts as its default."""
-    from training.config import Config
-
     new = _flat(json.loads(json.dumps(new)))
     old = {**_flat(json.loads(json.dumps(Config().to_dict()))), **_flat(old)}
     return {k: (old.get(k), v) for k, v in new.items() if k not in OPERATIONAL and old.get(k) != v}

@@ -37,9 +37,15 @@ prepare_launch_env()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from inference.rollout import RolloutConfig  # noqa: E402  (light: no torch)
+from inference.data import read_records  # noqa: E402  (these light: no torch)
+from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs  # noqa: E402
+from inference.rollout import RolloutConfig, info_block_tokens  # noqa: E402
+from inference.trajectory import Trajectory  # noqa: E402
 from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs,  # noqa: E402
-                             model_path_errors, report_to_errors)
+                             build_parser, model_path_errors, report_to_errors)
+from training.lr_schedule import set_lr  # noqa: E402
+from utils import dist as D  # noqa: E402
+from utils.logging import RunLogger, fmt_metrics  # noqa: E402
 
 
 @dataclass
@@ -61,8 +67,6 @@ SFT_GROUPS = {"model": ModelArgs, "optimisation": OptimArgs, "deepspeed": DeepSp
 
 def parse_sft_args(argv: list[str] | None = None) -> tuple[Config, SFTArgs]:
     from dataclasses import fields
-
-    from training.config import build_parser
 
     ap = build_parser(__doc__.split("\n")[0], groups=SFT_GROUPS)
     ap.set_defaults(output_dir="runs/sft", lr=2e-5, lr_schedule="cosine", warmup_steps=2, sample_every=0,
@@ -101,9 +105,6 @@ def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: 
     """Token ids and loss mask of one demonstration, built exactly as a rollout builds them:
     the role's prompt (mask 0), each model turn's tokens (mask 1), each information block
     through the rollout loop's own `info_block_tokens` (mask 0, documents cut to max_info_tokens)."""
-    from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
-    from inference.rollout import info_block_tokens
-
     role = demo.get("role")
     if role == "solver":
         ids = build_solver_prompt(tokenizer, demo["question"], template)
@@ -130,8 +131,6 @@ def render_demo(tokenizer, demo: dict, template: str = "auto", max_info_tokens: 
 
 
 def load_demos(path: str | Path, roles: set[str], seed: int, limit: int = 0) -> list[dict]:
-    from inference.data import read_records
-
     demos = [d for d in read_records(path) if d.get("role") in roles]
     if not demos:
         raise ValueError(f"{path} holds no demonstrations of role(s) {sorted(roles)}")
@@ -141,8 +140,6 @@ def load_demos(path: str | Path, roles: set[str], seed: int, limit: int = 0) -> 
 
 
 def demos_to_trajectories(tokenizer, demos: list[dict], template: str, max_info_tokens: int):
-    from inference.trajectory import Trajectory
-
     out = []
     for k, d in enumerate(demos):
         ids, mask = render_demo(tokenizer, d, template, max_info_tokens)
@@ -163,9 +160,6 @@ def sft_loss(logprobs: torch.Tensor, micro_batch) -> torch.Tensor:
 
 class SFTTrainer:
     def __init__(self, cfg: Config, sft: SFTArgs):
-        from utils import dist as D
-        from utils.logging import RunLogger
-
         D.init_distributed()
         validate_sft(cfg, sft, world_size=D.world_size())
         self.cfg, self.sft, self.D = cfg, sft, D
@@ -214,7 +208,6 @@ class SFTTrainer:
         return [self.trajs[i] for i in idx[self.D.rank()::self.D.world_size()]]
 
     def train_step(self, step: int) -> dict:
-        from training.lr_schedule import set_lr
         from training.update import accumulate, pack_equal
 
         D = self.D
@@ -246,7 +239,6 @@ class SFTTrainer:
         from tqdm import tqdm
 
         from training import checkpoint as C
-        from utils.logging import fmt_metrics
 
         D = self.D
         bar = tqdm(total=self.total, initial=self.step, desc="sft", unit="step", disable=not D.is_main())

@@ -24,8 +24,6 @@ from inference.game import (
     SOURCES,
     GameConfig,
     QuestionPool,
-    _flat_docs,
-    _stats,
     _search_fns,
     mark_excluded,
     play_round,
@@ -34,7 +32,9 @@ from inference.game import (
     score,
     validate,
 )
+from inference.game_metrics import round_stats
 from inference.judge import JUDGE_SYSTEM, Judge
+from inference.rag_check import _flat_docs
 from inference.rollout import INFO_OPEN, RolloutConfig
 from inference.trajectory import Trajectory
 from utils.text import exact_match
@@ -200,7 +200,7 @@ def test_validate_and_score_valid_path(handmade):
     assert props[1].info["filter_reason"] == "answer_in_question"
 
     # the curriculum metric counts only the round's own questions: 8 fresh, 5 right (the pool's 1 is apart)
-    st = _stats(props, sols, reasons, verdict, 1, None)
+    st = round_stats(props, sols, reasons, verdict, 1, None)
     assert (st["solver/fresh_trajs"], st["solver/fresh_correct"]) == (8, 5.0)
     assert st["solver/acc"] == pytest.approx(6 / 9)
 
@@ -231,7 +231,7 @@ def test_valid_questions_whose_answer_is_the_first_searchs_doc1_title_are_counte
     reasons, _ = validate(props, None, Judge(), GameConfig(rag_verifier="off"), random.Random(0))
     assert reasons == [None, None, None, None]   # the filters keep an answer that is no Doc-1 title
     reasons[2] = "too_few_searches"              # only valid questions count
-    st = _stats(props, [], reasons, {}, 0, None)
+    st = round_stats(props, [], reasons, {}, 0, None)
     assert (st["game/valid_questions"], st["game/valid_doc1_title"]) == (3, 1)
 
 

@@ -9,8 +9,9 @@ import random
 import pytest
 
 from inference.engines import GenOutput
-from inference.game import (COUNT_KEYS, GameConfig, _stats, answer_in_text, is_count, no_question_why,
-                            one_search_answerable, shares, signal_counts, validate)
+from inference.game import (COUNT_KEYS, GameConfig, answer_in_text, is_count, no_question_why, one_search_answerable,
+                            shares, signal_counts, validate)
+from inference.game_metrics import round_stats
 from inference.judge import Judge
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.trajectory import Trajectory
@@ -103,7 +104,7 @@ def test_stats_count_solve_rates_kinds_stops_and_the_pool():
             + [sol("q2", 1, source="pool"), sol("q2", 1, source="pool"), sol("q3", 0, source="pool"),
                sol("q3", 0, source="pool")])
     served = ["What is X?", "what is x", "What is Y?"]                             # one repeat after normalising
-    st = _stats(props, sols, reasons, verdict, 3, None, served, [True, False])
+    st = round_stats(props, sols, reasons, verdict, 3, None, served, [True, False])
     assert (st["game/fresh_s0"], st["game/fresh_mid"], st["game/fresh_s1"]) == (1, 1, 0)
     assert (st["game/no_question"], st["game/no_question/turn_cap"], st["game/no_question/out_of_turns"]) == (2, 1, 1)
     assert (st["game/valid_answer_in_text"], st["game/valid_probed"], st["game/valid_one_search"]) == (1, 2, 1)

@@ -276,3 +276,17 @@ def test_shaped_reward():
     assert shaped_reward(True, 0.0) == pytest.approx(0.9)
     assert shaped_reward(0, 1.0) == pytest.approx(0.1)
     assert shaped_reward(0.0, 0) == 0.0
+
+
+def test_default_spam_divisor_is_the_games():
+    """shape_solver_rewards' default divisor is rewards.SPAM_DIVISOR (self_search cannot import the game, which
+    imports it); the game's own default must be the same number, so a run's shaping keeps its spam penalty."""
+    import inspect
+
+    from inference.game import GameConfig
+    from inference.rewards import SPAM_DIVISOR, solver_reward
+    from inference.self_search import shape_solver_rewards
+
+    assert GameConfig.spam_divisor == SPAM_DIVISOR == 4.0
+    assert inspect.signature(shape_solver_rewards).parameters["spam_divisor"].default == SPAM_DIVISOR
+    assert inspect.signature(solver_reward).parameters["spam_divisor"].default == SPAM_DIVISOR
