@@ -27,7 +27,7 @@ from inference.rollout import RolloutConfig
 from training.critic_config import critic_errors, needs_critic  # noqa: F401
 from training.input_checks import model_path_errors, report_to_errors
 from training.launch_env import cuda_present, demo_default_errors, node_count
-from training.rounds import refill_errors
+from training.rounds import refill_errors  # the refill lever's own checks, beside its loop
 from utils.errors import InputError
 
 ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++", "reinforce++_baseline", "ema", "gae")  # training/advantages.py
