@@ -22,6 +22,8 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from utils.metrics import summed
+
 if TYPE_CHECKING:
     from inference.game import GameResult
 
@@ -106,6 +108,9 @@ def merge_rounds(rounds: Sequence[GameResult], main: bool = True) -> GameResult:
                         [sum(t.role == "solver" for t in g.trajectories) for g in rounds])
     stats["game/rounds"] = float(len(rounds)) if main else 0.0
     return GameResult(trajs, stats)
+
+
+summed("game/flat_solver_groups")  # drop_flat_solver_groups' count, summed over ranks (utils/metrics.py)
 
 
 def drop_flat_solver_groups(trajs) -> tuple[list, int]:
