@@ -8,6 +8,7 @@
     failed slots <- distinct questions from the pool of past valid questions (flag)
     sols  = run_rollouts(every question x G_s)                 # ONE batched call
     solver reward   = correct (EM, else judge) / spam_divisor if the answer tag was spammed
+                      (self_search_format_reward: 0.9 correct + 0.1 format, inference/self_search.py)
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  invalid_penalty if invalid
     pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
@@ -46,7 +47,7 @@ from inference.rag_check import RAG_INSTRUCTION, rag_check, rag_prompt, solver_v
 from inference.prompts import build_proposer_prompt, build_solver_prompt
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from inference.self_search import build_self_search_prompt
+from inference.self_search import build_self_search_prompt, shape_solver_rewards
 from inference.trajectory import Trajectory
 from utils.text import normalize_answer
 
@@ -120,6 +121,9 @@ class GameConfig:
     """Solver reward divisor when the answer tag is spammed (SSP divides by 4)."""
     max_answer_tags: int = 1
     """More <answer> openings than this, written by the model, is spam (inference/rewards.py)."""
+    self_search_format_reward: bool = False
+    """Self-search (SSRL): a solver's reward becomes 0.9 * correct + 0.1 * format (inference/self_search.py),
+    so the policy keeps the tag structure its own <information> masking relies on."""
     seed: int = 0
     """Seeds distractor choice, document order and pool sampling (mixed with the step)."""
 
@@ -399,6 +403,11 @@ def play_round(
     stats.update(excluded)
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
+    if cfg.self_search_format_reward:
+        # reward shaping: after the stats (they report the rewards as scored), before counting the informative
+        # groups again, since the shaping decides which solver groups are flat
+        shape_solver_rewards(sols, cfg.spam_divisor)
+        stats.update(signal_counts(sols))
     return GameResult(props + sols, stats)
 
 

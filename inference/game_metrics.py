@@ -16,6 +16,7 @@ from inference.filters import FILTER_REASONS
 from inference.prompts import doc_title
 from inference.rollout import SearchFn
 from inference.trajectory import Trajectory
+from utils.metrics import summed
 from utils.text import contains_answer, exact_match, normalize_answer
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ COUNT_KEYS = frozenset({
     "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/rounds",
     "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
 COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
+summed(*COUNT_KEYS, prefixes=COUNT_PREFIXES)  # the step metrics sum the counts over ranks (utils/metrics.py)
 
 
 def is_count(key: str) -> bool:

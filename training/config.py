@@ -100,8 +100,9 @@ class SearchArgs:
     sim_model: str = F("", "simulator model name on --sim_url (default: the server's first model)")
     sim_noise_start: float = F(0.25, "simulated search: chance of a noisy document at step 0")
     sim_noise_end: float = F(0.5, "simulated search: chance of a noisy document at the last step (base-4 curriculum)")
-    self_search_format_reward: bool = F(False, "self-search (SSRL): solver reward = 0.9*EM + 0.1*format "
-                                                "(think first, answer last, known tags only, none empty)")
+    self_search_format_reward: bool = F(GameConfig.self_search_format_reward,
+                                        "self-search (SSRL): solver reward = 0.9*EM + 0.1*format "
+                                        "(think first, answer last, known tags only, none empty)")
 
 
 @dataclass

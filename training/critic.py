@@ -226,7 +226,7 @@ def step_values(engine, trajs, algo, micro_token_budget: int) -> list:
 
 def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce) -> dict[str, float]:
     """The critic's share of one SSP step: LR, explained variance of the values GAE used, the update.
-    `reduce` = the trainer's mean over ranks (summing *_loss). Collective."""
+    `reduce` = utils.metrics.reduce_over_ranks (*_loss summed, as training/update.py declares). Collective."""
     idx = [i for i, r in enumerate(returns) if r is not None]
     sub = [trajs[i] for i in idx]
     masks = [torch.tensor(t.loss_mask) for t in sub]

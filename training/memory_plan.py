@@ -82,7 +82,7 @@ GiB = 1 << 30
 RUNTIME_OVERHEAD = 2 * GiB     # CUDA context + NCCL + cuBLAS workspaces + vLLM's sleep residue (assumed)
 VLLM_NON_KV = 2 * GiB          # vLLM's profiled activations and CUDA graphs, inside its share (assumed)
 SUB_GROUP_SIZE = 10**9         # DeepSpeed's default zero_optimization.sub_group_size (build_ds_config keeps it)
-HF_BATCH = 64                  # prompts per HFEngine.generate chunk, as training/trainer.py builds it
+HF_BATCH = 64                  # prompts per HFEngine.generate chunk, as training/setup.py builds it
 ASSUMED_WORLD = 8              # the per-size scripts are sized for one 8-GPU node
 # checkpoint disk: the small terms (allowances, not measured per model)
 HF_EXTRAS_ASSUMED = 16 * 10**6  # tokenizer + config files of a model not on this machine (Qwen2.5's are ~11 MB)

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 
 from inference.data import parse_search_turns_mix
 from inference.game import GameResult, is_count
+from utils.metrics import summed
 
 ROUND_SEED_STRIDE = 104_729
 """Round k >= 1 of a step samples with rollout seed + k x this (a prime that is no multiple of the 1009 a step
@@ -102,6 +103,9 @@ def merge_rounds(rounds: Sequence[GameResult], main: bool = True) -> GameResult:
                         [sum(t.role == "solver" for t in g.trajectories) for g in rounds])
     stats["game/rounds"] = float(len(rounds)) if main else 0.0
     return GameResult(trajs, stats)
+
+
+summed("game/flat_solver_groups")  # drop_flat_solver_groups' count, summed over ranks (utils/metrics.py)
 
 
 def drop_flat_solver_groups(trajs) -> tuple[list, int]:

@@ -29,6 +29,7 @@ import torch
 
 from utils import dist as D
 from utils.logging import print0
+from utils.metrics import summed
 
 
 def engine_logprobs(engine, micro_batch, temperature: float = 1.0, compute_entropy: bool = False,
@@ -168,6 +169,11 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
     if distill is not None:
         out.update(distill.metrics())   # collective: every rank runs it
     return out, n_steps, n_skipped
+
+
+# A loss metric is this rank's share of a loss normalised by the global token count (training/loss.py), so the
+# step's loss is the ranks' sum; the tokens are a count. Summed over ranks (utils/metrics.py), the rest averaged.
+summed("actor/num_tokens", suffixes=("_loss",))
 
 
 def reduce_step_metrics(steps: list[tuple[int, list[dict]]]) -> dict[str, float]:

@@ -389,6 +389,29 @@ def test_nothing_failed_nothing_left_out(tokenizer, bm25, dead_url):
 
 
 @pytest.mark.timeout(120)
+def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
+    """self_search_format_reward (SSRL): the round's solver rewards become 0.9 * correct + 0.1 * format
+    (inference/self_search.py); the stats report the rewards as scored, and the informative groups are
+    counted again on the shaped rewards. The scripted solver writes no <think>: format 0."""
+    from inference.game import signal_counts
+
+    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off", rag_distractors=0,
+                     self_search_format_reward=True)
+    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
+    props = [t for t in res.trajectories if t.role == "proposer"]
+    sols = [t for t in res.trajectories if t.role == "solver"]
+    assert len(sols) == 4 and all(t.info["correct"] and t.info["format_reward"] == 0.0 for t in sols)
+    assert [t.reward for t in sols] == pytest.approx([0.9] * 4)
+    assert [t.reward for t in props] == [0.0, 0.0] and all("format_reward" not in t.info for t in props)
+    assert res.stats["solver/reward_mean"] == 1.0
+    assert {k: res.stats[k] for k in signal_counts(sols)} == signal_counts(sols)
+    plain = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
+                       GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off", rag_distractors=0),
+                       SCRIPT_ROLLOUT, step=0)
+    assert all(t.reward == 1.0 and "format_reward" not in t.info for t in plain.trajectories if t.role == "solver")
+
+
+@pytest.mark.timeout(120)
 def test_search_outage_leaves_groups_out(tokenizer, bm25):
     def down(queries, topk):
         raise ConnectionError("retriever at http://127.0.0.1:1 refused the connection")

@@ -388,12 +388,12 @@ def test_auto_prompts_per_step_keeps_a_resumed_runs_value(tmp_path):
     can play it (a resume on other GPUs), so the run is not refused as a changed batch size."""
     import json
 
-    from training.trainer import SSPTrainer
+    from training.setup import keep_recorded_prompts_per_step
     cfg = Config()
     cfg.logging.output_dir = str(tmp_path)
-    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is False            # no config.json yet
+    assert keep_recorded_prompts_per_step(cfg) is False            # no config.json yet
     (tmp_path / "config.json").write_text(json.dumps({"selfplay": {"prompts_per_step": 32}}))
-    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is True and cfg.selfplay.prompts_per_step == 32
+    assert keep_recorded_prompts_per_step(cfg) is True and cfg.selfplay.prompts_per_step == 32
     cfg.selfplay.prompts_per_step, cfg.rollout.vllm_tp = 0, 1
     (tmp_path / "config.json").write_text(json.dumps({"selfplay": {"prompts_per_step": 0}}))
-    assert SSPTrainer._keep_recorded_prompts_per_step(cfg) is False and cfg.selfplay.prompts_per_step == 0
+    assert keep_recorded_prompts_per_step(cfg) is False and cfg.selfplay.prompts_per_step == 0

@@ -146,7 +146,6 @@ def epochs_phase(engine, ref, base, cfg) -> dict:
                 ref_lp.append(r)
     cfg.optimisation.micro_token_budget = 64
     trainer = SimpleNamespace(actor=engine, cfg=cfg, step=0)
-    trainer._mean_over_ranks = lambda m: SSPTrainer._mean_over_ranks(trainer, m)
     w0 = gathered(engine)
     res = {}
     for name, kw in {"single": {}, "epochs": dict(ppo_epochs=2, ppo_mini_batches=2),

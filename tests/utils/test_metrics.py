@@ -1,0 +1,112 @@
+"""utils/metrics.py: a metric is summed over ranks where the module that makes it declares so, else averaged.
+
+Two ranks are faked with threads (their collectives meet at a barrier), so reduce_over_ranks runs as it does
+under torchrun, and its result is checked against a plain sum / mean over the ranks' dicts.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from utils import dist as D
+from utils import metrics as M
+
+
+class TwoRanks:
+    """Thread r is rank r; all_gather_object and all_reduce_sum meet at a barrier like the real collectives."""
+
+    def __init__(self, world: int = 2):
+        self.world, self.local = world, threading.local()
+        self.barrier = threading.Barrier(world, timeout=10)
+        self.slots: list = [None] * world
+
+    def _meet(self, x):
+        r = self.local.rank
+        self.slots[r] = x
+        self.barrier.wait()
+        out = list(self.slots)
+        self.barrier.wait()
+        return out
+
+    def all_gather_object(self, obj):
+        return self._meet(obj)
+
+    def all_reduce_sum(self, values):
+        got = self._meet([float(v) for v in values])
+        return [sum(g[i] for g in got) for i in range(len(values))]
+
+    def run(self, fn, per_rank: list):
+        out, errs = [None] * self.world, []
+
+        def go(r):
+            self.local.rank = r
+            try:
+                out[r] = fn(per_rank[r])
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs.append(e)
+                self.barrier.abort()
+        threads = [threading.Thread(target=go, args=(r,)) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        if errs:
+            raise errs[0]
+        return out
+
+
+@pytest.fixture
+def two_ranks(monkeypatch):
+    w = TwoRanks()
+    monkeypatch.setattr(D, "all_gather_object", w.all_gather_object)
+    monkeypatch.setattr(D, "all_reduce_sum", w.all_reduce_sum)
+    return w
+
+
+def naive(per_rank: list[dict]) -> dict:
+    keys = sorted(set().union(*per_rank))
+    return {k: (sum(m.get(k, 0.0) for m in per_rank) if M.is_summed(k)
+                else sum(m[k] for m in per_rank if k in m) / sum(k in m for m in per_rank)) for k in keys}
+
+
+def test_a_game_filter_count_is_summed_over_two_ranks(two_ranks):
+    import inference.game  # noqa: F401 - the game declares its counts where it makes them (inference/game_metrics.py)
+
+    per_rank = [{"game/filter/too_short": 3.0, "game/valid_rate": 0.25, "game/proposer_trajs": 4.0},
+                {"game/filter/too_short": 1.0, "game/valid_rate": 0.75, "game/proposer_trajs": 4.0,
+                 "game/filter/answer_in_question": 2.0}]
+    got = two_ranks.run(M.reduce_over_ranks, per_rank)
+    assert got[0] == got[1]                                      # every rank gets the same numbers
+    assert got[0]["game/filter/too_short"] == 4.0                # a count: the sum, not the mean 2.0
+    assert got[0]["game/filter/answer_in_question"] == 2.0       # reported by one rank: still the global count
+    assert got[0]["game/proposer_trajs"] == 8.0
+    assert got[0]["game/valid_rate"] == 0.5                      # a share: the mean over ranks
+    assert got[0] == naive(per_rank)
+
+
+def test_a_mean_is_over_the_ranks_that_report_it(two_ranks):
+    per_rank = [{"x/undeclared_mean": 2.0, "actor/pg_loss": 0.5}, {"actor/pg_loss": 0.25}]
+    got = two_ranks.run(M.reduce_over_ranks, per_rank)[0]
+    assert got == {"actor/pg_loss": 0.75, "x/undeclared_mean": 2.0} == naive(per_rank)
+
+
+def test_every_metric_the_trainer_summed_is_declared_where_it_is_made():
+    """The keys the trainer's SUM_KEYS list used to name, the *_loss shares and the game's counts: after the
+    trainer's imports each is summed; the shares and means are not."""
+    import training.trainer  # noqa: F401 - imports every module that makes a step metric
+    from inference.game import COUNT_KEYS, COUNT_PREFIXES
+
+    formerly = ("actor/num_tokens", "search/sim_failures", "search/sim_docs", "game/flat_solver_groups",
+                "train/proposer_tokens", "train/solver_tokens", "search/calls", "search/failures", "search/queries")
+    assert all(M.is_summed(k) for k in formerly + tuple(COUNT_KEYS))
+    assert all(M.is_summed(p + "x") for p in COUNT_PREFIXES)
+    assert all(M.is_summed(k) for k in ("actor/pg_loss", "actor/kl_loss", "critic/value_loss", "distill/kl_loss"))
+    assert not any(M.is_summed(k) for k in ("game/valid_rate", "solver/acc", "actor/lr", "judge/calls",
+                                            "search/sim_noise_p", "train/solver_reward_mean", "timing_s/step"))
+
+
+def test_one_rank_passes_through():
+    m = {"game/filter/too_short": 2.0, "solver/acc": 0.5}
+    assert M.reduce_over_ranks(m) == m
