@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                     aliases={"rollout_engine": ("--engine",)})
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
                    help="model dtype, torch's or train.py's spelling (bf16 greedy differs from fp32); in a run, the run's")
-    add_field_flags(p, RolloutArgs, ["kv_cache_mb", "vllm_tp"], dests={"vllm_tp": "tp"}, aliases={"vllm_tp": ("--tp",)})
+    add_field_flags(p, RolloutArgs, ["kv_cache_mb", "vllm_tp"], dests={"vllm_tp": "tp"}, aliases={"vllm_tp": ("--tp",)},
+                    metavars={"vllm_tp": "N"})
     p.add_argument("--seed", type=int, default=0, help="engine seed (matters only with --temperature > 0)")
     # data
     p.add_argument("--data", nargs="+", default=None, help="eval files: JSONL or parquet rows with question, "

@@ -398,13 +398,15 @@ def _flag(f, typ) -> tuple[list[str], dict[str, Any]]:
 
 
 def add_field_flags(g, cls, names: Sequence[str], dests: dict[str, str] | None = None,
-                    aliases: dict[str, tuple[str, ...]] | None = None) -> None:
+                    aliases: dict[str, tuple[str, ...]] | None = None, metavars: dict[str, str] | None = None) -> None:
     """Add train.py's flags for the fields `names` of group `cls` to the parser (or group) `g`: same name,
-    default, help and choices, so another entry point (eval.py) declares none of them again. `dests` and
-    `aliases` give that entry point its own attribute names and extra spellings."""
+    default, help and choices, so another entry point (eval.py) declares none of them again. `dests`,
+    `aliases` and `metavars` give that entry point its own attribute names, extra spellings and metavars."""
     by_name, hints = {f.name: f for f in fields(cls)}, get_type_hints(cls)
     for name in names:
         flags, kw = _flag(by_name[name], hints[name])
+        if name in (metavars or {}):
+            kw["metavar"] = metavars[name]
         g.add_argument(*flags, *(aliases or {}).get(name, ()), dest=(dests or {}).get(name, name), **kw)
 
 
