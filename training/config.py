@@ -444,10 +444,10 @@ class ConfigError(InputError):
     pass
 
 
-# ----------------------------------------------------------------------------- demo defaults
+# The CPU demo's defaults, which a run on CUDA or across nodes almost never means to train with, are
+# listed in training/launch_env.py (DEMO_DEFAULTS), beside the check that refuses them.
 
-# (group, field, what the default is, the flag that replaces it): the CPU demo's defaults, which a
-# run on CUDA or across nodes almost never means to train with.
+
 def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm
