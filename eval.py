@@ -68,7 +68,6 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from inference.data import EvalRow, load_eval_rows
-from inference.engines import MAX_MODEL_LEN
 from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
@@ -165,7 +164,8 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.config import parse_bool  # train.py's booleans: true/false, yes/no, 1/0, on/off
+    # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/config.py
+    from training.config import RolloutArgs, SearchArgs, add_field_flags, parse_bool
     p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
     p.add_argument("--model", required=True, help="HF model folder to evaluate, or a training run's: its folder, "
@@ -173,13 +173,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "latest checkpoint")
     p.add_argument("--no_run_config", action="store_true", help="do not take the rollout protocol from the "
                    "config.json of the run that holds --model")
-    p.add_argument("--rollout_engine", "--engine", dest="engine", default="vllm", choices=["vllm", "hf"],
-                   help="vllm (fast) or hf (the slow transformers reference)")
+    add_field_flags(p, RolloutArgs, ["rollout_engine"], dests={"rollout_engine": "engine"},
+                    aliases={"rollout_engine": ("--engine",)})
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "fp32", "bf16", "fp16"],
                    help="model dtype, torch's or train.py's spelling (bf16 greedy differs from fp32); in a run, the run's")
-    p.add_argument("--kv_cache_mb", type=int, default=0, help="CPU: vLLM KV cache in MiB (0 = room for 4 sequences "
-                   "of --max_model_len); more lets vLLM batch more questions at once")
-    p.add_argument("--vllm_tp", "--tp", dest="tp", type=int, default=1, metavar="N", help="vLLM tensor-parallel size (GPUs)")
+    add_field_flags(p, RolloutArgs, ["kv_cache_mb", "vllm_tp"], dests={"vllm_tp": "tp"}, aliases={"vllm_tp": ("--tp",)},
+                    metavars={"vllm_tp": "N"})
     p.add_argument("--seed", type=int, default=0, help="engine seed (matters only with --temperature > 0)")
     # data
     p.add_argument("--data", nargs="+", default=None, help="eval files: JSONL or parquet rows with question, "
@@ -209,16 +208,10 @@ def build_parser() -> argparse.ArgumentParser:
     # rollout protocol
     r = p.add_argument_group("rollout protocol (with --model in a training run, its config.json supplies what is "
                              "not given here; these defaults apply outside a run)")
-    # the defaults are the rollout's own (RolloutConfig), train.py's too: one place each
-    r.add_argument("--topk", type=int, default=RolloutConfig.topk, help="documents per search")
-    r.add_argument("--max_turns", type=int, default=RolloutConfig.max_turns,
-                   help="generation turns per question (each search costs one)")
-    r.add_argument("--max_tokens_per_turn", type=int, default=RolloutConfig.max_tokens_per_turn, help="token cap of one turn")
-    r.add_argument("--max_total_tokens", type=int, default=RolloutConfig.max_total_tokens,
-                   help="cap on prompt + all turns + documents")
-    r.add_argument("--max_info_tokens", type=int, default=RolloutConfig.max_info_tokens,
-                   help="token cap of one <information> block, tags included")
-    r.add_argument("--max_model_len", type=int, default=MAX_MODEL_LEN, help="vLLM context length; >= --max_total_tokens")
+    # train.py's flags (training/config.py): one name, default and help each
+    add_field_flags(r, SearchArgs, ["topk"])
+    add_field_flags(r, RolloutArgs, ["max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens",
+                                     "max_model_len"])
     r.add_argument("--template", default=EvalConfig.template, choices=list(TEMPLATES),
                    help="prompt chat template (inference/prompts.py)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (never taken from the run)")

@@ -23,7 +23,8 @@ Against the SSP paper's veRL release:
   * PPO mini-batch epochs are flags (--ppo_epochs, --ppo_mini_batches; default one optimizer step
     per game). Old log-probs are recomputed by the actor after generation (or taken from vLLM:
     --old_logprobs rollout); actor/rollout_lp_gap measures the rollout-vs-actor gap by a forward.
-  * no critic: estimator "gae" (PPO) is refused by validate_args.
+  * a critic for PPO: estimator "gae" (per role) builds one beside the actor (training/critic.py),
+    as veRL's adv_estimator=gae; docs/training.md, "PPO with a critic".
   * search backends per role: retriever, simulated (ZeroSearch; an LLM writes the documents),
     self (SSRL) or none.
   * failures do not train: groups whose judging or search failed are left out of the loss, and

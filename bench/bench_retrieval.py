@@ -39,6 +39,7 @@ MEASURES = ["bench/baseline_server.py", "bench/bench_retrieval.py", "retrieval"]
 from bench.report import md_table, write_results  # noqa: E402
 from retrieval.quality import hit_at_k, read_eval_rows  # noqa: E402
 from utils.assets import fanoutqa_dev  # noqa: E402
+from retrieval.client import wait_for_health  # noqa: E402
 
 
 def fanoutqa_questions() -> list[str]:
@@ -62,22 +63,6 @@ def start_server(cmd: list[str], log: Path) -> subprocess.Popen:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_WAIT_POLICY": "PASSIVE",
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT)
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout: float = 600) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server {url} exited ({proc.returncode}); log {log}:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"server {url} not ready after {timeout}s; log {log}")
 
 
 async def closed_loop(url: str, queries: list[str], clients: int, duration: float, topk: int) -> dict:
@@ -217,7 +202,7 @@ def main(argv=None) -> int:
         for name, (url, cmd) in servers.items():
             procs[name] = start_server(cmd, logdir / f"{name}.log")
         for name, (url, _) in servers.items():
-            wait_ready(url, procs[name], logdir / f"{name}.log")
+            wait_for_health(url, procs[name], 600, log=logdir / f"{name}.log", poll=0.5, request_timeout=5)
             asyncio.run(closed_loop(url, queries, 8, 2.0, a.topk))  # warm-up: first-call allocations, caches
         check_same_answers([u for u, _ in servers.values()], queries[:16], a.topk)
         runs = {(s, c): [] for s in servers for c in levels}

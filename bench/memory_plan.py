@@ -1,7 +1,7 @@
 """Memory plan of every per-size launch script (scripts/train_*.sh) on 8 x 80 GB, plus its checks.
 
-    .venv/bin/python bench/memory_plan.py              # RESULTS.md section, results.json, memory_plan.json, README
-    .venv/bin/python bench/memory_plan.py --no-readme  # leave README.md alone
+    .venv/bin/python bench/memory_plan.py              # RESULTS.md section, results.json, memory_plan.json, docs/gpu.md
+    .venv/bin/python bench/memory_plan.py --no-readme  # leave docs/gpu.md alone
 
 No GPU and no model download: each script's train.py flags are taken from the script itself (bash
 runs it with DRY_RUN=1 and a stand-in `deepspeed` first on PATH that prints its arguments), and the
@@ -10,7 +10,7 @@ architecture comes from training/memory_plan.py's built-in table. Checks against
   (b) a configuration a published run fits: Search-R1's PPO of Qwen2.5-7B on one node of 8 x H100
       80GB (its train_ppo.sh) must come out under 80 GB here.
 Writes section "memory-plan" of bench/RESULTS.md, memory_plan.* keys of bench/results.json, the full
-plans to bench/memory_plan.json, and the table between the memory-plan markers of README.md.
+plans to bench/memory_plan.json, and the table between the memory-plan markers of docs/gpu.md.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def gib(x) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--no-readme", action="store_true", help="do not rewrite README.md's memory-plan table")
+    ap.add_argument("--no-readme", action="store_true", help="do not rewrite docs/gpu.md's memory-plan table")
     args = ap.parse_args()
 
     plans, rows, keys = {}, [], {}
@@ -152,7 +152,7 @@ def main() -> None:
     (RESULTS_DIR / "memory_plan.json").write_text(json.dumps(
         {"world": WORLD, "gpu_memory_gb": GPU_GB, "scripts": plans, "search_r1": sr}, indent=2) + "\n")
     if not args.no_readme:
-        readme = REPO / "README.md"
+        readme = REPO / "docs/gpu.md"
         text = readme.read_text()
         block = (f"<!-- begin memory-plan (bench/memory_plan.py writes this table) -->\n{table}\n"
                  f"<!-- end memory-plan -->")
@@ -160,7 +160,7 @@ def main() -> None:
         if pat.search(text):
             readme.write_text(pat.sub(lambda _: block, text))
         else:
-            print("README.md has no memory-plan markers: table not written there", file=sys.stderr)
+            print("docs/gpu.md has no memory-plan markers: table not written there", file=sys.stderr)
     print(md)
 
 

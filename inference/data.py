@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from utils.errors import InputError, InputFileMissing
+from utils.jsonl import iter_jsonl, not_utf8
 
 Answer = Any  # str | list[str]
 MAX_LISTED = 5  # bad rows listed in one error; the rest are counted
@@ -60,11 +61,6 @@ class RowError(InputError):
 
 class RowFileMissing(RowError, InputFileMissing):
     pass
-
-
-def _not_utf8(path: Path, data: bytes, offset: int, e: UnicodeDecodeError) -> str:
-    return (f"byte 0x{data[offset]:02x} at byte offset {offset} of the file is not UTF-8 ({e.reason}); row files "
-            f"must be UTF-8: convert it, e.g. `iconv -f latin1 -t utf-8 {path} > fixed{path.suffix}`")
 
 
 def iter_records(path: str | Path) -> Iterator[tuple[str, dict | None, str | None]]:
@@ -96,30 +92,18 @@ def iter_records(path: str | Path) -> Iterator[tuple[str, dict | None, str | Non
             rows = json.loads(data.decode("utf-8-sig"))
         except UnicodeDecodeError as e:
             line = data.count(b"\n", 0, e.start) + 1
-            raise RowError(f"{path}: line {line}: " + _not_utf8(path, data, e.start, e)) from None
+            raise RowError(f"{path}: line {line}: " + not_utf8(path, data[e.start], e.start, e)) from None
         except json.JSONDecodeError as e:
             raise RowError(f"{path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg})") from None
         for i, r in enumerate(rows, 1):
             ok = isinstance(r, dict)
             yield f"item {i}", r if ok else None, None if ok else f"a {type(r).__name__}, expected a JSON object"
         return
-    start = 0
-    for lineno, raw in enumerate(data.split(b"\n"), 1):
-        offset, start = start, start + len(raw) + 1
-        try:
-            line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
-        except UnicodeDecodeError as e:
-            yield f"line {lineno}", None, _not_utf8(path, data, offset + e.start, e)
-            continue
-        if not line.strip():
-            continue
-        try:
-            r = json.loads(line)
-        except json.JSONDecodeError as e:
-            yield f"line {lineno}", None, f"not valid JSON ({e.msg}, column {e.colno}); each line must be one JSON object"
-            continue
-        ok = isinstance(r, dict)
-        yield f"line {lineno}", r if ok else None, None if ok else f"a {type(r).__name__}, expected a JSON object"
+    for lineno, r, problem in iter_jsonl(path):
+        ok = problem is None and isinstance(r, dict)
+        if problem is None and not ok:
+            problem = f"a {type(r).__name__}, expected a JSON object"
+        yield f"line {lineno}", r if ok else None, problem
 
 
 def read_records(path: str | Path) -> Iterator[dict]:

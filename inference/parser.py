@@ -131,6 +131,22 @@ def find_blocks(text: str, tag: str) -> list[tuple[int, int]]:
         pos = e + len(close_t)
 
 
+def model_text(text: str) -> str:
+    """The text without the environment's `<information>` blocks (an unclosed one runs to the end).
+
+    The pieces around a removed block are joined with a space, not glued: a block
+    between two words or two half-tags must not make one word or one tag the model
+    never wrote (`<ans<information>d</information>wer>` is no `<answer>`). Used by
+    the rewards (answer tags, spam count) and by the rollout (self-search queries).
+    """
+    out, pos = [], 0
+    for start, end in find_blocks(text, "information"):
+        out.append(text[pos:start])
+        pos = end
+    out.append(text[pos:])
+    return " ".join(out)
+
+
 def all_contents(text: str, tag: str, max_chars: int = MAX_QUERY_CHARS) -> list[str]:
     """Cleaned contents of every complete `<tag>...</tag>` block, in order (innermost opening wins)."""
     out, pos = [], 0

@@ -17,19 +17,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from inference.parser import find_blocks, parse_action
+from inference.parser import model_text, parse_action
 
 PROPOSER_REWARD_KINDS = ("1-acc", "4s(1-s)")
-
-
-def model_text(response: str) -> str:
-    """The response without the environment's `<information>` blocks (an unclosed one runs to the end)."""
-    out, pos = [], 0
-    for start, end in find_blocks(response, "information"):
-        out.append(response[pos:start])
-        pos = end
-    out.append(response[pos:])
-    return " ".join(out)
 
 
 def count_answer_tags(response: str) -> int:

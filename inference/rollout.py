@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from inference.engines import SamplingConfig
-from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, parse_action
+from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, model_text, parse_action
 from inference.prompts import format_docs
 from inference.trajectory import ROLES, Trajectory
 
@@ -222,7 +222,7 @@ def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: S
     if cfg.self_search:
         _mask_self_information(s, start, tok)
         # Searches inside the turn were answered by the model itself; record them as such.
-        for q in all_contents(_outside_information(turn_text), "search"):
+        for q in all_contents(model_text(turn_text), "search"):
             s.queries.append(q)
         for a, b in find_blocks(turn_text, "information"):
             s.docs.append([{"id": "self", "contents": turn_text[a:b], "score": 0.0}])
@@ -318,15 +318,6 @@ def _mask_self_information(s: _State, start: int, tok: Any) -> None:
     for k in mask_spans(ends, find_blocks(text, "information")):
         s.mask[start + k] = 0
         s.logprobs[start + k] = 0.0
-
-
-def _outside_information(text: str) -> str:
-    out, pos = [], 0
-    for a, b in find_blocks(text, "information"):
-        out.append(text[pos:a])
-        pos = b
-    out.append(text[pos:])
-    return "".join(out)
 
 
 def _to_trajectory(s: _State, tok: Any) -> Trajectory:

@@ -4,7 +4,7 @@
     python -m retrieval.build_index --corpus data/corpus/wiki.jsonl --out data/indexes/minilm_flat \
         --kind dense --encoder "$(python -c 'from utils.assets import minilm_dir; print(minilm_dir())')"
     # wiki-18 with e5 on a GPU box ("query: "/"passage: " prefixes are picked up from the name; time and RAM
-    # estimates in README.md "Retrieval"; Search-R1's prebuilt e5_Flat.index: python -m retrieval.import_searchr1):
+    # estimates in docs/retrieval.md; Search-R1's prebuilt e5_Flat.index: python -m retrieval.import_searchr1):
     python -m retrieval.build_index --corpus wiki-18.jsonl --out idx/e5_flat --kind dense \
         --encoder /models/e5-base-v2 --device cuda --fp16 --batch-size 512 --max-length 256 --shard-size 100000
 

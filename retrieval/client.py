@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import time
+from pathlib import Path
 
 import httpx
 
@@ -35,6 +36,28 @@ _ENVELOPE_BYTES = 100  # {"queries":[],"topk":100,"return_scores":true} with roo
 
 class RetrievalError(RuntimeError):
     pass
+
+
+def wait_for_health(url: str, proc, timeout: float, log=None, poll: float = 0.2, request_timeout: float = 2.0) -> None:
+    """Wait until the server process `proc` we started answers 200 on `url`/health.
+
+    Raises RuntimeError as soon as the process exits (with the tail of `log`, a path, when given) and
+    TimeoutError after `timeout` seconds. For launchers (bench, tests); a client of a server it did not
+    start uses `RetrievalClient.wait_until_ready`.
+    """
+    deadline = time.monotonic() + timeout
+    where = f"; log {log}" if log is not None else ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = f":\n{Path(log).read_text()[-2000:]}" if log is not None else ""
+            raise RuntimeError(f"server for {url} exited with {proc.returncode}{where}{tail}")
+        try:
+            if httpx.get(f"{url}/health", timeout=request_timeout).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(poll)
+    raise TimeoutError(f"server {url} not ready after {timeout}s{where}")
 
 
 def split_queries(queries: list[str], max_queries: int, max_bytes: int | None = None) -> list[list[str]]:

@@ -12,12 +12,12 @@ rather than Python objects, and an index keeps working when the source corpus mo
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Iterator
 
 from utils.errors import InputError
+from utils.jsonl import iter_jsonl
 
 DOCS_FILE = "docs.arrow"
 
@@ -58,30 +58,18 @@ def iter_corpus(path: str | os.PathLike, batch_size: int = 4096) -> Iterator[tup
 def _iter_jsonl(path: Path, batch_size: int):
     ids, texts = [], []
     n = 0
-    offset = 0
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: byte 0x{raw[e.start]:02x} at byte offset {offset + e.start} of the "
-                                  f"file is not UTF-8 ({e.reason}); the corpus must be UTF-8") from None
-            offset += len(raw)
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CorpusError(f"{path}:{lineno}: not valid JSON ({e.msg}); expected one JSON object per line") from None
-            if not isinstance(row, dict):
-                raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-            i, c = _row_to_doc(row, n, f"{path}:{lineno}")
-            ids.append(i)
-            texts.append(c)
-            n += 1
-            if len(ids) == batch_size:
-                yield ids, texts
-                ids, texts = [], []
+    for lineno, row, problem in iter_jsonl(path):
+        if problem is not None:
+            raise CorpusError(f"{path}:{lineno}: {problem}")
+        if not isinstance(row, dict):
+            raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        i, c = _row_to_doc(row, n, f"{path}:{lineno}")
+        ids.append(i)
+        texts.append(c)
+        n += 1
+        if len(ids) == batch_size:
+            yield ids, texts
+            ids, texts = [], []
     if ids:
         yield ids, texts
 

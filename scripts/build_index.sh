@@ -17,10 +17,10 @@
 #
 # wiki-18 (21,015,324 passages) with e5-base-v2 on one GPU, as Search-R1 builds it (e5's "passage: "/"query: "
 # prefixes come from the folder name; 256 tokens; fp16 stores the flat index in 32.3 GB instead of 64.6 GB;
-# encoding time and RAM are estimated in README.md "Retrieval"):
+# encoding time and RAM are estimated in docs/retrieval.md):
 #   CORPUS=/data/wiki-18.jsonl OUT=/idx ENCODER=/models/e5-base-v2 NAME=e5_flat KINDS=dense DEVICE=cuda \
 #     EXTRA="--fp16 --batch-size 512 --max-length 256 --shard-size 100000" bash scripts/build_index.sh
-# Search-R1's prebuilt e5_Flat.index needs no build: `python -m retrieval.import_searchr1` (see README).
+# Search-R1's prebuilt e5_Flat.index needs no build: `python -m retrieval.import_searchr1` (see docs/retrieval.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=python3

@@ -1,4 +1,4 @@
-"""CPU checks of the semantics of GPU-only branches (README, "Status: GPU-only branches").
+"""CPU checks of the semantics of GPU-only branches (docs/gpu.md, "GPU-only branches").
 
 Each test runs the repo's GPU branch on CPU with only the CUDA-only piece swapped for a CPU
 equivalent, and checks it against the CPU path:

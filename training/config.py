@@ -16,7 +16,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import Any, Sequence, get_type_hints
 
 from inference.engines import MAX_MODEL_LEN  # light: these modules import no torch, vLLM or transformers
 from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
@@ -386,26 +386,41 @@ def parse_bool(s: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {s!r}")
 
 
+def _flag(f, typ) -> tuple[list[str], dict[str, Any]]:
+    """The flag names and argparse keywords of one dataclass field (its one name, default, help and choices)."""
+    # argparse %-formats help text: a literal "30%" made --help crash.
+    kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "").replace("%", "%%")}
+    if typ is bool:
+        kw.update(type=parse_bool, metavar="BOOL")
+    else:
+        kw["type"] = typ
+    if "choices" in f.metadata:
+        kw["choices"] = f.metadata["choices"]
+    names = [f"--{f.name}", *f.metadata.get("aliases", ())]
+    if f.name == "local_rank":
+        names.append("--local-rank")  # torch.distributed.launch / deepspeed spelling
+    return names, kw
+
+
+def add_field_flags(g, cls, names: Sequence[str], dests: dict[str, str] | None = None,
+                    aliases: dict[str, tuple[str, ...]] | None = None, metavars: dict[str, str] | None = None) -> None:
+    """Add train.py's flags for the fields `names` of group `cls` to the parser (or group) `g`: same name,
+    default, help and choices, so another entry point (eval.py) declares none of them again. `dests`,
+    `aliases` and `metavars` give that entry point its own attribute names, extra spellings and metavars."""
+    by_name, hints = {f.name: f for f in fields(cls)}, get_type_hints(cls)
+    for name in names:
+        flags, kw = _flag(by_name[name], hints[name])
+        if name in (metavars or {}):
+            kw["metavar"] = metavars[name]
+        g.add_argument(*flags, *(aliases or {}).get(name, ()), dest=(dests or {}).get(name, name), **kw)
+
+
 def build_parser(description: str = "", groups: dict | None = None) -> argparse.ArgumentParser:
     """One flag per field of the given dataclass groups (default: every group of Config)."""
     p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for gname, cls in (groups or GROUPS).items():
         g = p.add_argument_group(gname)
-        hints = get_type_hints(cls)
-        for f in fields(cls):
-            typ = hints[f.name]
-            # argparse %-formats help text: a literal "30%" made --help crash.
-            kw: dict[str, Any] = {"default": f.default, "help": f.metadata.get("help", "").replace("%", "%%")}
-            if typ is bool:
-                kw.update(type=parse_bool, metavar="BOOL")
-            else:
-                kw["type"] = typ
-            if "choices" in f.metadata:
-                kw["choices"] = f.metadata["choices"]
-            names = [f"--{f.name}", *f.metadata.get("aliases", ())]
-            if f.name == "local_rank":
-                names.append("--local-rank")  # torch.distributed.launch / deepspeed spelling
-            g.add_argument(*names, dest=f.name, **kw)
+        add_field_flags(g, cls, [f.name for f in fields(cls)])
     return p
 
 
@@ -434,10 +449,10 @@ class ConfigError(InputError):
     pass
 
 
-# ----------------------------------------------------------------------------- demo defaults
+# The CPU demo's defaults, which a run on CUDA or across nodes almost never means to train with, are
+# listed in training/launch_env.py (DEMO_DEFAULTS), beside the check that refuses them.
 
-# (group, field, what the default is, the flag that replaces it): the CPU demo's defaults, which a
-# run on CUDA or across nodes almost never means to train with.
+
 def needs_reference(cfg: Config) -> bool:
     """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
     a = cfg.algorithm

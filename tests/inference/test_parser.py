@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from inference.parser import (
     ACTION_KINDS, MAX_CONTENT_CHARS, MAX_QUERY_CHARS, PROPOSER_KINDS, SOLVER_KINDS, Action, all_contents,
-    find_blocks, parse_action,
+    find_blocks, model_text, parse_action,
 )
 
 
@@ -119,3 +119,16 @@ def test_fuzz_never_raises_and_matches_reference(text, kinds):
         assert a.content == expected
         assert len(a.content) <= (MAX_QUERY_CHARS if a.kind == "search" else MAX_CONTENT_CHARS)
     a.content.encode("utf-8")
+
+
+def test_model_text_joins_around_a_removed_block_with_a_space():
+    """One stripper serves rewards and rollout. The rollout's copy glued the pieces ("" join), the rewards'
+    copy put a space: a block between two half-tags or two words must not make a tag or a word the model never wrote."""
+    assert model_text("a<information>d</information>b") == "a b"
+    assert model_text("x<information>unclosed") == "x "
+    split_tag = "<ans<information>d</information>wer>Paris</answer>"
+    assert "<answer>" not in model_text(split_tag)  # glued, it read as an answer the model never wrote
+    assert parse_action(model_text(split_tag), kinds=("answer",)).kind != "answer"
+    # self-search records the queries written around the model's own information blocks
+    query = "<search>new<information>doc</information>york</search>"
+    assert all_contents(model_text(query), "search") == ["new york"]  # glued it was "newyork"

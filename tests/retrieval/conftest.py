@@ -10,12 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
+from retrieval.client import wait_for_health
 from utils.dist import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -101,17 +100,7 @@ def start_server(index: Path, port: int, *extra: str, log: Path | None = None) -
 
 
 def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server for {url} exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise TimeoutError(f"server {url} not ready after {timeout}s")
+    wait_for_health(url, proc, timeout)
 
 
 def stop(proc: subprocess.Popen) -> None:
