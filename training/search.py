@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from inference.simulated_search import SimulatedSearch
 from utils.metrics import summed
 
 if TYPE_CHECKING:
@@ -55,7 +56,6 @@ def build_search_backend(cfg: Config, kind: str, engine=None, seed: int = 0):
     if kind == "none" or kind == "self":
         return None
     if kind == "simulated":
-        from inference.simulated_search import SimulatedSearch
         return SimulatedSearch(url=s.sim_url or None, engine=None if s.sim_url else engine, model=s.sim_model or None,
                                noise_start=s.sim_noise_start, noise_end=s.sim_noise_end,
                                total_steps=cfg.optimisation.total_steps, seed=seed, template=cfg.model.template)

@@ -20,6 +20,8 @@ import torch
 
 from inference.data import clamp_search_turns
 from inference.game import SEED_STEP, GameConfig, QuestionPool
+from inference.engines import VLLMEngine
+from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.rollout import RolloutConfig
 from training.config import AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults, validate_args
@@ -77,8 +79,6 @@ def keep_recorded_prompts_per_step(cfg: Config) -> bool:
 def build_models(cfg: Config, rank: int, dp_rank: int, world: int):
     """(rollout engine, training.engine_builder's engines). Seeds every rank first, and again after vLLM,
     whose LLM() reseeds every rank to 0 (docs/PLATFORM_NOTES.md, Hybrid engine rules)."""
-    from inference.engines import VLLMEngine
-    from inference.hf_engine import HFEngine
     from training.engine_builder import build_engines
 
     seed_everything(cfg.optimisation.seed + rank)
