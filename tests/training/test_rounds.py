@@ -12,7 +12,6 @@ The update with uneven groups per rank is tests/training/test_update.py's (updat
 from __future__ import annotations
 
 import statistics
-import threading
 from types import SimpleNamespace
 
 import pytest
@@ -27,54 +26,15 @@ from training.rounds import (LAST, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUMMED_PREFIX
 # imported before any test patches utils.dist: utils.logging binds utils.dist.is_main when first imported
 from training.trainer import SSPTrainer
 
+from tests.thread_ranks import ThreadRanks
+
 ROWS = [ProposerRow(answer=f"a{i}", search_turns=2) for i in range(50)]
 QA = [SimpleNamespace(question=f"q{i}?", golden_answers=[f"g{i}"]) for i in range(30)]
 
 
-class FakeWorld:
-    """`world` threads as ranks; all_reduce_sum meets at a barrier, so every rank must call it alike."""
-
-    def __init__(self, world: int):
-        self.world, self.local = world, threading.local()
-        self.barrier = threading.Barrier(world, timeout=10)
-        self.slots: list = [None] * world
-        self.calls = [0] * world
-
-    def rank(self) -> int:
-        return self.local.rank
-
-    def all_reduce_sum(self, values: list[float]) -> list[float]:
-        r = self.rank()
-        self.calls[r] += 1
-        self.slots[r] = [float(v) for v in values]
-        self.barrier.wait()
-        out = [sum(s[i] for s in self.slots) for i in range(len(values))]
-        self.barrier.wait()   # nobody writes the next call's values before everyone read these
-        return out
-
-    def run(self, fn) -> list:
-        out, errs = [None] * self.world, []
-
-        def go(r):
-            self.local.rank = r
-            try:
-                out[r] = fn(r)
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errs.append(e)
-                self.barrier.abort()
-        threads = [threading.Thread(target=go, args=(r,)) for r in range(self.world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        if errs:
-            raise errs[0]
-        return out
-
-
 def test_the_loop_stops_at_n_or_at_the_cap_and_every_rank_plays_alike():
     def rounds(script: dict[int, list[float]], n: int, cap: int) -> tuple[list[int], list[int]]:
-        world = FakeWorld(len(script))
+        world = ThreadRanks(len(script))
 
         def rank(r):
             game = lambda k: GameResult([], {"game/informative_groups": script[r][k]})  # noqa: E731
@@ -127,7 +87,7 @@ def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     import inference.game
     from utils import dist as D
 
-    world = FakeWorld(2)
+    world = ThreadRanks(2)
     world.seen = [[], []]
     cfg = Config()
     cfg.selfplay.prompts_per_step, cfg.selfplay.qa_mix_fraction, cfg.selfplay.search_turns_mix = 4, qa_mix, mix

@@ -6,60 +6,17 @@ under torchrun, and its result is checked against a plain sum / mean over the ra
 
 from __future__ import annotations
 
-import threading
 
 import pytest
 
+from tests.thread_ranks import ThreadRanks
 from utils import dist as D
 from utils import metrics as M
 
 
-class TwoRanks:
-    """Thread r is rank r; all_gather_object and all_reduce_sum meet at a barrier like the real collectives."""
-
-    def __init__(self, world: int = 2):
-        self.world, self.local = world, threading.local()
-        self.barrier = threading.Barrier(world, timeout=10)
-        self.slots: list = [None] * world
-
-    def _meet(self, x):
-        r = self.local.rank
-        self.slots[r] = x
-        self.barrier.wait()
-        out = list(self.slots)
-        self.barrier.wait()
-        return out
-
-    def all_gather_object(self, obj):
-        return self._meet(obj)
-
-    def all_reduce_sum(self, values):
-        got = self._meet([float(v) for v in values])
-        return [sum(g[i] for g in got) for i in range(len(values))]
-
-    def run(self, fn, per_rank: list):
-        out, errs = [None] * self.world, []
-
-        def go(r):
-            self.local.rank = r
-            try:
-                out[r] = fn(per_rank[r])
-            except BaseException as e:  # noqa: BLE001 - re-raised below
-                errs.append(e)
-                self.barrier.abort()
-        threads = [threading.Thread(target=go, args=(r,)) for r in range(self.world)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(30)
-        if errs:
-            raise errs[0]
-        return out
-
-
 @pytest.fixture
 def two_ranks(monkeypatch):
-    w = TwoRanks()
+    w = ThreadRanks(2)
     monkeypatch.setattr(D, "all_gather_object", w.all_gather_object)
     monkeypatch.setattr(D, "all_reduce_sum", w.all_reduce_sum)
     return w
@@ -77,7 +34,7 @@ def test_a_game_filter_count_is_summed_over_two_ranks(two_ranks):
     per_rank = [{"game/filter/too_short": 3.0, "game/valid_rate": 0.25, "game/proposer_trajs": 4.0},
                 {"game/filter/too_short": 1.0, "game/valid_rate": 0.75, "game/proposer_trajs": 4.0,
                  "game/filter/answer_in_question": 2.0}]
-    got = two_ranks.run(M.reduce_over_ranks, per_rank)
+    got = two_ranks.run(lambda r: M.reduce_over_ranks(per_rank[r]))
     assert got[0] == got[1]                                      # every rank gets the same numbers
     assert got[0]["game/filter/too_short"] == 4.0                # a count: the sum, not the mean 2.0
     assert got[0]["game/filter/answer_in_question"] == 2.0       # reported by one rank: still the global count
@@ -88,7 +45,7 @@ def test_a_game_filter_count_is_summed_over_two_ranks(two_ranks):
 
 def test_a_mean_is_over_the_ranks_that_report_it(two_ranks):
     per_rank = [{"x/undeclared_mean": 2.0, "actor/pg_loss": 0.5}, {"actor/pg_loss": 0.25}]
-    got = two_ranks.run(M.reduce_over_ranks, per_rank)[0]
+    got = two_ranks.run(lambda r: M.reduce_over_ranks(per_rank[r]))[0]
     assert got == {"actor/pg_loss": 0.75, "x/undeclared_mean": 2.0} == naive(per_rank)
 
 
