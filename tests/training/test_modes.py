@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -149,7 +150,8 @@ def runs(tmp_path_factory, tiny_model_dir):
     runs["_errors"] = {name: (d / "out" / name / "error.txt").read_text()
                        for name in MODES if (d / "out" / name / "error.txt").exists()}
     runs["_dirs"] = {"out": d / "out", "tiny": tiny_model_dir}
-    return runs
+    yield runs
+    shutil.rmtree(d, ignore_errors=True)  # ~1.4 GB of checkpoints: freed when the module ends, not the session
 
 
 @pytest.mark.slow

@@ -46,7 +46,8 @@ def workdir(tmp_path_factory, tiny_model_dir):
     qa = [{"question": f"What is the title of the article that begins: {c['contents'].split(chr(10))[1][:60]}?",
            "golden_answers": [c["contents"].split("\n")[0]], "data_source": "synthetic"} for c in corpus[16:24]]
     (d / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
-    return d
+    yield d
+    shutil.rmtree(d, ignore_errors=True)  # the runs under it hold ~1.5 GB of checkpoints: freed when the module ends
 
 
 def _args(w: Path, model: Path, out: Path) -> list[str]:
