@@ -65,9 +65,10 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 from inference.data import EvalRow, load_eval_rows
+from inference.engine_api import RolloutEngine, TokenGenerator
 from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
@@ -362,7 +363,7 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     return rows
 
 
-def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | None, str]:
+def build_search(a: argparse.Namespace, engine: TokenGenerator | None = None) -> tuple[Callable | None, str]:
     """The search backend's `search` and how the protocol names it."""
     if a.self_search:
         return None, "self-search (SSRL): the model writes its own <information>, masked; no tool"
@@ -386,7 +387,7 @@ def build_search(a: argparse.Namespace, engine: Any = None) -> tuple[Callable | 
     return None, "none (no search tool)"
 
 
-def build_engine(a: argparse.Namespace) -> Any:
+def build_engine(a: argparse.Namespace) -> RolloutEngine:
     from inference.engines import VLLMEngine
     from inference.hf_engine import HFEngine
 

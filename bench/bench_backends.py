@@ -26,12 +26,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import md_table, write_results  # noqa: E402
-from inference.engines import SamplingConfig, VLLMEngine  # noqa: E402
+from inference.engine_api import SamplingConfig  # noqa: E402
+from inference.engines import VLLMEngine  # noqa: E402
 from inference.self_search import build_self_search_prompt  # noqa: E402
 from inference.simulated_search import SimulatedSearch  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_backends.py", "inference/engines.py", "inference/self_search.py",
+MEASURES = ["bench/bench_backends.py", "inference/engines.py", "inference/vllm_compat.py", "inference/self_search.py",
             "retrieval/retriever.py", "inference/simulated_search.py"]
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -53,7 +54,7 @@ def main() -> None:
     ap.add_argument("--model", default=str(REPO / "data/models/SmolLM2-135M-Instruct"), help="policy / simulator model")
     ap.add_argument("--index", default=str(REPO / "data/indexes/bm25"), help="BM25 index folder")
     args = ap.parse_args()
-    # vLLM first: bm25s imports numba, which vLLM's CPU start-up scan trips over (see inference/engines.py)
+    # vLLM first: bm25s imports numba, which vLLM's CPU start-up scan trips over (see inference/vllm_compat.py)
     engine = VLLMEngine(args.model, dtype="float32", max_model_len=2048)
     from retrieval.retriever import load_retriever
 

@@ -37,13 +37,13 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import md_table, write_results  # noqa: E402
-from inference.engines import group_by_layer  # noqa: E402
+from inference.layer_buckets import group_by_layer  # noqa: E402
 from training.config import Config  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_export.py", "inference/engines.py", "training/checkpoint.py", "training/engine_builder.py"]
+MEASURES = ["bench/bench_export.py", "inference/layer_buckets.py", "training/checkpoint.py", "training/engine_builder.py"]
 
 MB = 1 << 20
 

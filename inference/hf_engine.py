@@ -1,4 +1,4 @@
-"""The transformers reference engine: the interface of inference/engines.py without vLLM.
+"""The transformers reference engine: the RolloutEngine protocol (inference/engine_api.py) without vLLM.
 
 Slow, but it needs nothing beyond transformers: it checks VLLMEngine in the tests, and it is the
 trainer's rollout engine where vLLM is missing (--rollout_engine hf, a lent GPU without vLLM).
@@ -9,17 +9,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from inference.engines import GenOutput, SamplingConfig, cut_at_stop, per_prompt_sampling
+from inference.engine_api import (SLEEP_LEVELS, WAKE_TAGS, GenOutput, SamplingConfig, cut_at_stop,
+                                  per_prompt_sampling)
 
 
 class HFEngine:
-    """The slow transformers reference, same interface as VLLMEngine.
+    """The slow transformers reference: a RolloutEngine, as VLLMEngine is.
 
     A manual batched sampling loop (left padding + KV cache) rather than model.generate,
     because it returns the sampled token's raw log-prob directly, supports per-prompt
     seeds / stop strings / max_tokens, and never touches `synced_gpus` (HF's generate
     defaults it to True while a DeepSpeed ZeRO-3 config is alive and then hangs).
     Prompts are processed in chunks of `batch_size`.
+
+    Weights and memory, against vLLM: a sync copies into the model's own parameters in place, so it never
+    needs fused layers whole; no KV cache outlives a generate() call, so there is no prefix cache to reset
+    and no KV pool to free; and sleep() frees nothing (the weights stay on their device, which
+    training/memory_plan.py counts in both phases), but keeps the sleeping state, so that generate()
+    between sleep() and wake_up() is refused as on vLLM and a wrong order shows on CPU too.
     """
 
     def __init__(
@@ -60,8 +67,17 @@ class HFEngine:
         self.eos_ids = sorted(eos)
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        self.weight_names: set[str] | None = None  # expect_weights(): what the hybrid engine syncs
+        self.asleep: set[str] = set()               # WAKE_TAGS still asleep since sleep()
+
+    @property
+    def sleeping(self) -> bool:
+        return bool(self.asleep)
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | Sequence[SamplingConfig]) -> list[GenOutput]:
+        """Chunks of `batch_size` prompts through one sampling loop each; see TokenGenerator.generate."""
+        if self.asleep:
+            raise RuntimeError(f"HFEngine.generate() while asleep ({sorted(self.asleep)}): call wake_up() first")
         samplings = per_prompt_sampling(sampling, len(prompts))
         out: list[GenOutput] = []
         for i in range(0, len(prompts), self.batch_size):
@@ -145,26 +161,51 @@ class HFEngine:
         return int(torch.multinomial(probs.cpu(), 1, generator=gen))
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
-        """Copy (HF name, tensor) pairs into the model in place; unknown names raise KeyError."""
+        """load_weights, then reset_prefix_cache (which has nothing to drop here)."""
+        self.load_weights(named_tensors)
+        self.reset_prefix_cache()
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
+        """Copy (HF name, tensor) pairs into the model in place; unknown names raise KeyError.
+
+        The hybrid engine's per-bucket call. Any split of the weights works: there is no fused layer to
+        rebuild, and the copy is finished when it returns."""
         import torch
 
         params = dict(self.model.named_parameters())
         with torch.no_grad():
             for name, t in named_tensors:
                 if name not in params:
-                    raise KeyError(f"update_weights: the model has no parameter {name!r}")
+                    raise KeyError(f"HFEngine.load_weights: the model has no parameter {name!r}")
                 params[name].copy_(t.to(params[name].device, params[name].dtype))
 
-    load_weights = update_weights  # the hybrid engine's per-bucket call: a copy needs no finishing step
+    def expect_weights(self, names: Iterable[str]) -> None:
+        """Check that the model has a parameter of every name a sync will send (KeyError, as load_weights
+        would raise at the first sync, otherwise). Weights are never discarded here, so a sync that leaves
+        some out keeps their current values, as vLLM's level-1 sleep does."""
+        names = set(names)
+        missing = sorted(names - {n for n, _ in self.model.named_parameters()})
+        if missing:
+            raise KeyError(f"expect_weights: the model has no parameter named {missing[:3]} ({len(missing)} in all)")
+        self.weight_names = names
 
-    def reset_prefix_cache(self) -> None:  # no cache outlives a generate() call
-        pass
+    def reset_prefix_cache(self) -> None:
+        """Nothing to reset: each generate() call builds its KV cache and drops it on return."""
 
-    def expect_weights(self, names: Iterable[str]) -> None:  # weights are never discarded here
-        pass
+    def sleep(self, level: int = 2) -> None:
+        """Enter the sleeping state: level must be 1 or 2 (ValueError otherwise); a no-op when asleep.
 
-    def sleep(self, level: int = 2) -> None:  # keeps its weights: a partial sync is always safe
-        pass
+        Frees no memory at either level: the weights stay on their device (a partial sync is always
+        safe) and there is no KV pool. generate() is refused until wake_up() woke every tag."""
+        if level not in SLEEP_LEVELS:
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        if not self.asleep:
+            self.asleep = set(WAKE_TAGS)
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
-        pass
+        """Leave the sleeping state for `tags` (WAKE_TAGS; None = all). Nothing to re-allocate."""
+        tags = list(tags or WAKE_TAGS)
+        unknown = [t for t in tags if t not in WAKE_TAGS]
+        if unknown:
+            raise ValueError(f"wake_up tags must be among {WAKE_TAGS}, got {unknown}")
+        self.asleep.difference_update(tags)

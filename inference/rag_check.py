@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any, Callable, Protocol, Sequence
 
-from inference.engines import SamplingConfig
+from inference.engine_api import SamplingConfig, TokenGenerator
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, format_docs
 from inference.rewards import extract_answer
@@ -114,7 +114,7 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
             return got
         del order[others[-1]]
 
-def rag_check(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: RagSettings,
+def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGenerator, judge: Judge, cfg: RagSettings,
               rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
     """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
     (the verifier gave no reply, or the judge failed on a non-exact-match answer).

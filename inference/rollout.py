@@ -32,7 +32,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from inference.engines import SamplingConfig
+from inference.engine_api import SamplingConfig
 from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, model_text, parse_action
 from inference.prompts import format_docs
 from inference.trajectory import ROLES, Trajectory

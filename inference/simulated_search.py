@@ -20,7 +20,7 @@ worse as training goes on, so the policy first learns the search format, then to
 The LLM is either
   * a server speaking the OpenAI chat API (vLLM, SGLang, ...): `url=`; requests go through
     inference.judge.Judge's client (concurrency cap, timeout, retries, give-up streak), or
-  * an in-process engine with the engines.py interface (the policy itself, or any other):
+  * an in-process TokenGenerator of inference/engine_api.py (the policy itself, or any other):
     `engine=`; prompts are built with the tokenizer's chat template.
 
 The output matches the retrievers' format, so rollouts, format_docs and the RAG check cannot
@@ -42,7 +42,7 @@ import random
 import re
 from typing import Any, Sequence
 
-from inference.engines import SamplingConfig
+from inference.engine_api import SamplingConfig, TokenGenerator
 from inference.judge import Judge
 from inference.prompts import encode_prompt, render_chat
 
@@ -182,7 +182,7 @@ class SimulatedSearch:
     def __init__(
         self,
         url: str | None = None,
-        engine: Any = None,
+        engine: TokenGenerator | None = None,
         model: str | None = None,
         noise_start: float = 0.25,
         noise_end: float = 0.5,
@@ -203,7 +203,7 @@ class SimulatedSearch:
     ):
         """
         url / engine: exactly one. url = an OpenAI-compatible server (root or /v1); engine = an
-            object with the engines.py interface (generate + tokenizer), e.g. the policy's VLLMEngine.
+            in-process TokenGenerator (inference/engine_api.py), e.g. the policy's VLLMEngine.
         model: served model name (url only); None asks the server's /v1/models.
         noise_start, noise_end, total_steps, curriculum_base: the curriculum (noise_probability).
             0.25 -> 0.5 is ZeroSearch's example setting; total_steps is the number of training steps.

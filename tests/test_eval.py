@@ -214,13 +214,13 @@ def test_cli_samples_pass_at_k_hf_engine(tiny_model_dir, tmp_path, capsys):
     drawn with its own seed (so they differ), pass@3 / mean@3 in results.json and results.md; the same seed
     reproduces the run. The random model's answers are never right, so the metrics are 0, but consistent."""
     import eval as eval_cli
-    from inference import engines, hf_engine
+    from inference import engine_api, hf_engine
 
     seeds: list[int | None] = []
     real = hf_engine.HFEngine.generate
 
     def spy(self, prompts, sampling):
-        seeds.extend(s.seed for s in engines.per_prompt_sampling(sampling, len(prompts)))
+        seeds.extend(s.seed for s in engine_api.per_prompt_sampling(sampling, len(prompts)))
         return real(self, prompts, sampling)
 
     args = ["--model", str(tiny_model_dir), "--engine", "hf", "--data", EVAL_SETS[0], "--limit", "2", "--max_turns", "2",
@@ -258,7 +258,7 @@ def test_evaluate_samples_run_their_own_search_loops(tiny_model_dir):
     sample's documents never land in another's sequence. A stub engine searches on turn 0, then answers."""
     from inference.evaluate import EvalConfig, evaluate
     from inference.data import EvalRow
-    from inference.engines import GenOutput
+    from inference.engine_api import GenOutput
     from inference.rollout import RolloutConfig
     from transformers import AutoTokenizer
 

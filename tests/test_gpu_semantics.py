@@ -324,7 +324,7 @@ def test_hf_engine_on_cuda_generates_what_it_generates_on_cpu():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from inference.engines import SamplingConfig
+    from inference.engine_api import SamplingConfig
     from inference.hf_engine import HFEngine
 
     vocab = {f"t{i}": i for i in range(VOCAB)}

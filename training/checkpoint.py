@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inference.engines import group_by_layer
+from inference.layer_buckets import group_by_layer
 from training.config import ConfigError
 from training.run_state import (OPERATIONAL, RUN_ID, STARTED_OVER, TAG_RE, ResumeError, run_owner,  # noqa: F401 - re-exported
                                  ckpt_root, config_diff, config_diff_all, find_resume, output_dir_verdict, resume_offer,

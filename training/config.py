@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Sequence, get_type_hints
 
-from inference.engines import MAX_MODEL_LEN  # light: these modules import no torch, vLLM or transformers
+from inference.engine_api import MAX_MODEL_LEN  # light: these modules import no torch, vLLM or transformers
 from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 import time
 
-from inference.engines import LAYER_RE, group_by_layer
+from inference.engine_api import RolloutEngine
+from inference.layer_buckets import LAYER_RE, group_by_layer
 from utils.logging import print0
 
 
 class HybridEngine:
-    def __init__(self, actor, llm_engine, bucket_mb: int = 1024):
+    def __init__(self, actor, llm_engine: RolloutEngine, bucket_mb: int = 1024):
         self.actor = actor            # deepspeed.DeepSpeedEngine (module = HF CausalLM)
-        self.llm = llm_engine         # inference.engines.VLLMEngine (or HFEngine, for tests)
+        self.llm = llm_engine         # VLLMEngine, or HFEngine (--rollout_engine hf)
         self.bucket_mb = bucket_mb    # gathered weights per reload call (0 = one decoder layer per call)
         self.mode = "generate"        # vLLM starts awake, holding the initial weights
         self.last_sync_s = 0.0

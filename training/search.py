@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from inference.engine_api import TokenGenerator
 from inference.simulated_search import SimulatedSearch
 from utils.metrics import summed
 
@@ -49,7 +50,7 @@ class TimedSearch:
             self.seconds += time.perf_counter() - t0
 
 
-def build_search_backend(cfg: Config, kind: str, engine=None, seed: int = 0):
+def build_search_backend(cfg: Config, kind: str, engine: TokenGenerator | None = None, seed: int = 0):
     """The `search(queries, topk)` backend of one role; None for no tool and for self-search (SSRL),
     where the policy writes its own <information> (masked like retrieved text)."""
     s = cfg.search
@@ -66,7 +67,7 @@ def build_search_backend(cfg: Config, kind: str, engine=None, seed: int = 0):
     return load_retriever(cfg.search.index)
 
 
-def build_searches(cfg: Config, engine, seed: int) -> tuple[dict, object]:
+def build_searches(cfg: Config, engine: TokenGenerator, seed: int) -> tuple[dict, object]:
     """({role: TimedSearch or None}, the simulated backend or None). One instance per kind, shared by the
     roles that use it."""
     backends: dict = {}

@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from inference.data import clamp_search_turns
-from inference.game import SEED_STEP, GameConfig, QuestionPool
+from inference.engine_api import RolloutEngine
 from inference.engines import VLLMEngine
+from inference.game import SEED_STEP, GameConfig, QuestionPool
 from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.rollout import RolloutConfig
@@ -28,6 +30,9 @@ from training.config import AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults, va
 from training.launch_env import demo_defaults_in_use, node_count
 from utils import dist as D
 from utils.logging import print0
+
+if TYPE_CHECKING:
+    from training.engine_builder import Engines
 
 
 def seed_everything(seed: int) -> None:
@@ -76,7 +81,7 @@ def keep_recorded_prompts_per_step(cfg: Config) -> bool:
 
 # ------------------------------------------------------------------ engines
 
-def build_models(cfg: Config, rank: int, dp_rank: int, world: int):
+def build_models(cfg: Config, rank: int, dp_rank: int, world: int) -> tuple[RolloutEngine, Engines]:
     """(rollout engine, training.engine_builder's engines). Seeds every rank first, and again after vLLM,
     whose LLM() reseeds every rank to 0 (docs/PLATFORM_NOTES.md, Hybrid engine rules)."""
     from training.engine_builder import build_engines
@@ -84,6 +89,7 @@ def build_models(cfg: Config, rank: int, dp_rank: int, world: int):
     seed_everything(cfg.optimisation.seed + rank)
     dtype = "float32" if cfg.model.dtype == "fp32" else "bfloat16"
     r = cfg.rollout
+    llm: RolloutEngine
     if r.rollout_engine == "hf":
         # Built before the actor: while an HfDeepSpeedConfig is alive from_pretrained would
         # partition this copy under zero.Init too. Seeds are per prompt, so no engine seed.

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engines import GenOutput, SamplingConfig, cut_at_stop, group_by_layer, preserved_rng
+from inference.engine_api import GenOutput, RolloutEngine, SamplingConfig, cut_at_stop
+from inference.layer_buckets import group_by_layer
+from inference.vllm_compat import preserved_rng
 from inference.hf_engine import HFEngine
 from inference.prompts import build_solver_prompt
 
@@ -54,6 +56,12 @@ def _teacher_forced_logprobs(model, prompt: list[int], out: GenOutput) -> list[f
 
 def test_creating_vllm_keeps_the_callers_rng(engines):
     assert engines[2], "VLLMEngine() changed the global torch RNG state"
+
+
+def test_both_running_engines_are_rollout_engines(engines):
+    vllm, hf, _ = engines
+    assert isinstance(vllm, RolloutEngine) and isinstance(hf, RolloutEngine)
+    assert vllm.max_model_len == 1024 and vllm.tokenizer.encode("a b") == hf.tokenizer.encode("a b")
 
 
 def test_greedy_agrees_with_hf(engines, prompts):

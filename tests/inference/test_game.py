@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from inference.data import ProposerRow
-from inference.engines import GenOutput
+from inference.engine_api import GenOutput
 from inference.filters import FILTER_REASONS
 from inference.game import (
     EXCLUSION_REASONS,

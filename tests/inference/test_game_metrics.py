@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from inference.engines import GenOutput
+from inference.engine_api import GenOutput
 from inference.game import (COUNT_KEYS, GameConfig, answer_in_text, is_count, no_question_why, one_search_answerable,
                             shares, signal_counts, validate)
 from inference.game_metrics import round_stats

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from inference.engines import GenOutput
+from inference.engine_api import GenOutput
 from inference.game import GameConfig, rag_check, solver_view
 from inference.judge import Judge
 from inference.prompts import build_solver_prompt

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from inference.engines import GenOutput, SamplingConfig, cut_at_stop
+from inference.engine_api import GenOutput, SamplingConfig, cut_at_stop
 from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
 from inference.rollout import (
     EMPTY_QUERY_TEXT, INFO_CLOSE, INFO_OPEN, SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, info_block_tokens,

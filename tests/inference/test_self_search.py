@@ -14,7 +14,7 @@ import re
 import pytest
 import torch
 
-from inference.engines import GenOutput, SamplingConfig, cut_at_stop
+from inference.engine_api import GenOutput, SamplingConfig, cut_at_stop
 from inference.prompts import TEMPLATES
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import (

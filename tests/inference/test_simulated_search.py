@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.engines import GenOutput
+from inference.engine_api import GenOutput
 from inference.prompts import build_solver_prompt, format_docs
 from inference.rollout import INFO_CLOSE, INFO_OPEN, RolloutConfig, RolloutRequest, run_rollouts
 from inference.simulated_search import SimulatedSearch, SimulatorUnavailable
@@ -87,12 +87,13 @@ def test_shared_engine_outlives_another_engine_in_the_process(vllm_engine, tiny_
     # Dropping an in-process vLLM engine ran vLLM's process-wide teardown (its process groups and the
     # default torch.distributed group), so every other engine then failed each generate() with
     # "pipeline model parallel group is not initialized": the simulator on the shared engine got 0
-    # documents in the full suite. inference/engines.py now tears down only the dropped engine.
+    # documents in the full suite. inference/vllm_inproc.py now tears down only the dropped engine.
     import gc
 
     import torch.distributed as dist
 
-    from inference.engines import SamplingConfig, VLLMEngine
+    from inference.engine_api import SamplingConfig
+    from inference.engines import VLLMEngine
 
     p = [vllm_engine.tokenizer("The river", add_special_tokens=False)["input_ids"]]
     s = SamplingConfig(temperature=0.0, max_tokens=4, min_tokens=4)

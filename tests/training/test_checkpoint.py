@@ -378,7 +378,8 @@ def test_sharded_export_round_trips_through_from_pretrained_and_vllm(tmp_path, t
         assert torch.equal(exp(ids).logits, src(ids).logits)
 
     # vLLM (CPU, fp32, greedy) serves the sharded folder and agrees with HF on the source weights
-    from inference.engines import SamplingConfig, VLLMEngine
+    from inference.engine_api import SamplingConfig
+    from inference.engines import VLLMEngine
     from inference.hf_engine import HFEngine
 
     llm = VLLMEngine(hf, dtype="float32", seed=0, max_model_len=256, kv_cache_memory_bytes=64 << 20)

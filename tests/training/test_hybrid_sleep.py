@@ -74,7 +74,8 @@ def test_emulated_level2_sleep_poisons_and_a_full_resend_heals(tiny_model_dir):
     import torch
     from safetensors.torch import load_file
 
-    from inference.engines import SamplingConfig, VLLMEngine
+    from inference.engine_api import SamplingConfig
+    from inference.engines import VLLMEngine
 
     llm = VLLMEngine(tiny_model_dir, dtype="float32", max_model_len=256, emulate_sleep=True)
     try:

@@ -159,7 +159,7 @@ class Scripted:
         self.tokenizer, self.max_model_len = tokenizer, 4096
 
     def generate(self, prompts, sampling):
-        from inference.engines import GenOutput
+        from inference.engine_api import GenOutput
         from inference.rollout import INFO_OPEN
         outs = []
         for p in prompts:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
-from inference.engines import MAX_MODEL_LEN
+from inference.engine_api import MAX_MODEL_LEN
 from inference.evaluate import EvalConfig
 from inference.game import GameConfig
 from inference.rollout import RolloutConfig
