@@ -116,7 +116,7 @@ def test_the_hybrid_engine_uses_the_whole_sync_and_memory_protocol():
 
 
 def test_only_the_engine_modules_import_vllm():
-    """STYLE.md: every vLLM call in one place. That place is now inference/engines.py and the two modules
+    """The style guide: every vLLM call in one place. That place is now inference/engines.py and the two modules
     it wraps around vLLM; nothing else outside tests imports it."""
     files = subprocess.run(["git", "ls-files", "--", "*.py"], cwd=ROOT, capture_output=True, text=True,
                            check=True).stdout.split()
