@@ -41,8 +41,8 @@ from inference.data import read_records  # noqa: E402  (these light: no torch)
 from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs  # noqa: E402
 from inference.rollout import RolloutConfig, info_block_tokens  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
-from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs,  # noqa: E402
-                             build_parser, model_path_errors, report_to_errors)
+from training.config import F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, build_parser  # noqa: E402
+from training.input_checks import model_path_errors, report_to_errors  # noqa: E402
 from training.lr_schedule import set_lr  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.logging import RunLogger, fmt_metrics  # noqa: E402
