@@ -29,6 +29,14 @@ from training.settings_play import (AUTO_PROMPTS_PER_GROUP, SEARCH_BACKENDS, Mod
                                     SearchArgs, SelfPlayArgs)
 from training.validation import ConfigError, needs_reference, validate_args  # noqa: F401
 
+__all__ = [  # this module's own names, and those re-exported from the modules above
+    "GROUPS", "MOVED_FIELDS", "Config", "build_parser", "parse_config", "resolve_defaults", "upgrade_saved_config",
+    "needs_critic", "F", "add_field_flags", "groups_from_namespace", "parse_bool", "parser_for",
+    "ESTIMATORS", "AlgoArgs", "CkptArgs", "CriticArgs", "DeepSpeedArgs", "DistillArgs", "EvalArgs", "LogArgs", "OptimArgs",
+    "AUTO_PROMPTS_PER_GROUP", "SEARCH_BACKENDS", "ModelArgs", "RolloutArgs", "SearchArgs", "SelfPlayArgs",
+    "ConfigError", "needs_reference", "validate_args",
+]
+
 GROUPS = {
     "model": ModelArgs, "rollout": RolloutArgs, "search": SearchArgs, "selfplay": SelfPlayArgs,
     "algorithm": AlgoArgs, "distill": DistillArgs, "critic": CriticArgs, "optimisation": OptimArgs,
