@@ -165,7 +165,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/config.py
+    # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/settings_play.py
     from training.config import RolloutArgs, SearchArgs, add_field_flags, parse_bool
     p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
@@ -209,7 +209,7 @@ def build_parser() -> argparse.ArgumentParser:
     # rollout protocol
     r = p.add_argument_group("rollout protocol (with --model in a training run, its config.json supplies what is "
                              "not given here; these defaults apply outside a run)")
-    # train.py's flags (training/config.py): one name, default and help each
+    # train.py's flags (training/settings_play.py): one name, default and help each
     add_field_flags(r, SearchArgs, ["topk"])
     add_field_flags(r, RolloutArgs, ["max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens",
                                      "max_model_len"])

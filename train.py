@@ -87,16 +87,15 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     other ranks validate and exit, and nobody joins the launcher's process group."""
     import copy
     import json
-    from dataclasses import fields
     from pathlib import Path
 
-    from training.config import GROUPS, Config, build_parser, needs_critic, needs_reference, resolve_defaults
+    from training.config import (GROUPS, Config, build_parser, groups_from_namespace, needs_critic, needs_reference,
+                                 resolve_defaults)
     from training.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
 
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
-    cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
-                                     for g, cls in GROUPS.items()}), world_size=world)
+    cfg = resolve_defaults(Config(**groups_from_namespace(GROUPS, ns)), world_size=world)
     cuda, nodes = cuda_present(), node_count()
     # Refusals that go away when every missing path is swapped for one that exists are about
     # files that are not on this machine: reported, not fatal. Everything else is fatal. The demo

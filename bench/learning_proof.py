@@ -70,6 +70,7 @@ from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, doc1_titl
 from bench.learning_compare import (COMPARISONS, answer_habits, compare_section, equal_wall_milestone,  # noqa: E402
                                     paired_bootstrap, question_em, rl_seconds)
 from bench.report import BENCH_DIR, md_table, write_results  # noqa: E402
+from training.config import upgrade_saved_config  # noqa: E402
 
 __all__ = ["answer_habits", "equal_wall_milestone", "paired_bootstrap", "question_em", "rl_seconds", "read_metrics",
            "doc1_title_share", "fresh_acc", "mean_of"]  # read by tests and by bench/learning_compare.py's users
@@ -120,14 +121,14 @@ TRAILING = 5  # trailing mean over 5 steps on the curves: one step holds only a 
 def recipe_line(cfg_file: Path, rung: str) -> str:
     if not cfg_file.exists():
         return "recipe unknown"
-    c = json.loads(cfg_file.read_text())
-    o, sp, al = c["optimisation"], c["selfplay"], c["algorithm"]
+    c = upgrade_saved_config(json.loads(cfg_file.read_text()))  # a folder from before the distill group reads too
+    o, sp, al, dl = c["optimisation"], c["selfplay"], c["algorithm"], c.get("distill", {})
     what = (f"{sp['prompts_per_step']} fixed QA questions x {sp['solver_n']} solver samples per step" if rung.startswith("qa")
             else f"{sp['prompts_per_step']} proposer prompts x {sp['proposer_n']} and {sp['solver_n']} solver samples "
                  f"per question per step, proposer reward {sp['proposer_reward']}, format penalty {sp['format_penalty']}")
-    if al.get("distill", "off") != "off":
-        what += (f", distillation {al['distill']} beta {al['distill_coef']:g} ({al['distill_schedule']}), teacher "
-                 f"{al['distill_teacher']}, privileged block <= {al['distill_context_tokens']} tokens")
+    if dl.get("distill", "off") != "off":
+        what += (f", distillation {dl['distill']} beta {dl['distill_coef']:g} ({dl['distill_schedule']}), teacher "
+                 f"{dl['distill_teacher']}, privileged block <= {dl['distill_context_tokens']} tokens")
     if "gae" in (al.get("solver_estimator"), al.get("proposer_estimator")) and "critic" in c:
         cr = c["critic"]
         what += (f", critic lr {cr['critic_lr']:g} (top {cr['critic_train_top_layers'] or 'all'} layers), value clip "

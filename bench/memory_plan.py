@@ -33,7 +33,8 @@ from training import memory_plan as mp  # noqa: E402
 from training.config import GROUPS, Config, build_parser, resolve_defaults  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/config.py", "training/memory_plan.py"]
+MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/config.py", "training/settings_play.py",
+            "training/settings_learn.py", "training/memory_plan.py"]
 
 MODEL_SCRIPTS = sorted(p for p in (REPO / "scripts").glob("train_*.sh") if p.name != "train_common.sh")
 # Variables the scripts read from the environment: cleared so each script's own defaults apply.

@@ -57,7 +57,7 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
     assert qa_cfg["rollout"]["max_tokens_per_turn"] == ssp_cfg["rollout"]["max_tokens_per_turn"] == 16
     assert json.loads((out / "eval_sft" / "results.json").read_text())["settings"]["max_tokens_per_turn"]["value"] == 16
     distill_cfg = json.loads((out / "distill_seed1" / "config.json").read_text())
-    assert distill_cfg["algorithm"]["distill"] == "sampled" and ssp_cfg["algorithm"]["distill"] == "off"
+    assert distill_cfg["distill"]["distill"] == "sampled" and ssp_cfg["distill"]["distill"] == "off"
     assert distill_cfg["model"]["model_path"] == ssp_cfg["model"]["model_path"]
     # rung 1gae: rung 1's recipe with a critic, from the same start; its critic is timed and its shards checkpointed
     gae_cfg = json.loads((out / "qa_gae_seed1" / "config.json").read_text())

@@ -1,9 +1,8 @@
-"""validate_args' refusals of the critic's flags (training.config.CriticArgs), kept out of config.py
-(which holds every other group's checks) so that neither module grows past its size; imports no torch."""
+"""When the critic is built (`needs_critic`), and validate_args' refusals of the critic's flags that read another
+group (the KL coefficients, the estimators); CriticArgs.check() (training/settings_learn.py) holds the checks of
+its own fields. Imports no torch."""
 
 from __future__ import annotations
-
-from training.input_checks import model_path_errors
 
 
 def needs_critic(cfg) -> bool:
@@ -12,7 +11,7 @@ def needs_critic(cfg) -> bool:
 
 
 def critic_errors(cfg) -> list[str]:
-    """validate_args' refusals of the critic's flags."""
+    """validate_args' refusals of the critic's flags that read another group ([] when there are none)."""
     c, a, errs = cfg.critic, cfg.algorithm, []
     if c.kl_in_reward < 0 or a.kl_coef < 0:
         errs.append(f"--kl_in_reward and --kl_coef must be >= 0 (got {c.kl_in_reward}, {a.kl_coef})")
@@ -27,15 +26,4 @@ def critic_errors(cfg) -> list[str]:
         if c.critic_warmup > 0:
             errs.append(f"--critic_warmup {c.critic_warmup} trains a critic alone, but no role uses --*_estimator gae, "
                         f"so there is no critic")
-        return errs
-    if not (0 <= c.gae_gamma <= 1 and 0 <= c.gae_lambda <= 1):
-        errs.append(f"--gae_gamma and --gae_lambda must be in [0, 1] (got {c.gae_gamma}, {c.gae_lambda})")
-    if c.value_clip < 0 or c.critic_lr < 0 or c.critic_max_grad_norm <= 0:
-        errs.append(f"--value_clip and --critic_lr must be >= 0 and --critic_max_grad_norm > 0 (got {c.value_clip}, "
-                    f"{c.critic_lr}, {c.critic_max_grad_norm})")
-    if c.critic_warmup < 0 or c.critic_lr_warmup_steps < 0 or c.critic_train_top_layers < 0:
-        errs.append(f"--critic_warmup, --critic_lr_warmup_steps and --critic_train_top_layers must be >= 0 (got "
-                    f"{c.critic_warmup}, {c.critic_lr_warmup_steps}, {c.critic_train_top_layers})")
-    if c.critic_model_path:
-        errs += [e.replace("--model_path", "--critic_model_path") for e in model_path_errors(c.critic_model_path)]
     return errs

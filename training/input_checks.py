@@ -1,7 +1,8 @@
 """Checks of what a user points the trainer at, before anything is loaded: the model path (or hub id), the model
 folder (a causal LM, weights that open, a tokenizer) and the trackers of --report_to. Each returns [] or the messages
-that say what is wrong and what to do; training/config.py's validate_args, training/preflight.py and eval.py collect
-them. No torch, and no transformers unless a config.json is of an unusual shape: they run before any import that costs."""
+that say what is wrong and what to do; the settings groups' check() (joined by training/validation.py's
+validate_args), training/preflight.py and eval.py collect them. No torch, and no transformers unless a config.json
+is of an unusual shape: they run before any import that costs."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What the launch environment says about a run: the CPU demo's defaults that a CUDA or multi-node run must
 replace (validate_args refuses them unless --allow_demo_defaults true), whether CUDA is present, and how many
-nodes the launcher started. Kept apart from training/config.py, which declares the flags and whose
+nodes the launcher started. Kept apart from training/validation.py, whose
 validate_args calls these checks (so this module takes a training.config.Config but imports none); imports no torch."""
 
 from __future__ import annotations

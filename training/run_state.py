@@ -16,7 +16,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.config import Config
+from training.config import Config, upgrade_saved_config
 from utils.errors import InputError
 from utils.trackers import flat as _flat  # nested config dict -> {"group.field": value}
 
@@ -70,15 +70,16 @@ def run_owner(path: Path) -> str | None:
 
 def config_diff(old: dict, new: dict) -> dict[str, tuple]:
     """{"group.field": (old, new)} for every run-defining field whose value differs. A field the
-    old config.json lacks (written before the field existed) counts as its default."""
+    old config.json lacks (written before the field existed) counts as its default; one written under the group
+    it used to belong to (--distill* under "algorithm") is read where it belongs now (upgrade_saved_config)."""
     new = _flat(json.loads(json.dumps(new)))
-    old = {**_flat(json.loads(json.dumps(Config().to_dict()))), **_flat(old)}
+    old = {**_flat(json.loads(json.dumps(Config().to_dict()))), **_flat(upgrade_saved_config(old))}
     return {k: (old.get(k), v) for k, v in new.items() if k not in OPERATIONAL and old.get(k) != v}
 
 
 def config_diff_all(old: dict, new: dict) -> dict[str, tuple]:
     """Like config_diff, but over every field (operational ones too), ignoring local_rank."""
-    new, old = _flat(json.loads(json.dumps(new))), _flat(old)
+    new, old = _flat(json.loads(json.dumps(new))), _flat(upgrade_saved_config(old))
     return {k: (old.get(k), v) for k, v in new.items() if k in old and old[k] != v and k != "deepspeed.local_rank"}
 
 

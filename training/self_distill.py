@@ -23,13 +23,13 @@ def dense_term(trajs: Sequence[Trajectory], adv: list[torch.Tensor], old: list[t
                forward: Callable, tokenizer: Any, cfg: Any, pool_items: Sequence[dict] = (), step: int = 0,
                played: Sequence[Trajectory] | None = None
                ) -> tuple[list[torch.Tensor], dict[str, float], "TopKTerm | None"]:
-    """The trainer's teacher pass for cfg.algorithm.distill: (advantages, this rank's sums for `finish_metrics`,
+    """The trainer's teacher pass for cfg.distill.distill: (advantages, this rank's sums for `finish_metrics`,
     the top-K loss term or None). sampled and contrast change the advantages; topk leaves them and returns
     the term. `forward` scores teacher sequences (forward_logprobs, or forward_topk for topk); contrast
     draws its wrong paths from the questions of `played` (every trajectory the rank played this step, trained
     or not; None: `trajs`), else from `pool_items` (the rank's question pool).
     Each trajectory with a teacher gets info["teacher_context"], which samples/ shows."""
-    a = cfg.algorithm
+    a = cfg.distill
     args = (tokenizer, cfg.model.template, a.distill_context_tokens, a.distill_hint)
     term = None
     if a.distill == "contrast":

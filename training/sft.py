@@ -41,8 +41,9 @@ from inference.data import read_records  # noqa: E402  (these light: no torch)
 from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs  # noqa: E402
 from inference.rollout import RolloutConfig, info_block_tokens  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
-from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs,  # noqa: E402
-                             build_parser, model_path_errors, report_to_errors)
+from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, build_parser,  # noqa: E402
+                             groups_from_namespace)
+from training.input_checks import model_path_errors, report_to_errors  # noqa: E402
 from training.lr_schedule import set_lr  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.logging import RunLogger, fmt_metrics  # noqa: E402
@@ -66,13 +67,11 @@ SFT_GROUPS = {"model": ModelArgs, "optimisation": OptimArgs, "deepspeed": DeepSp
 
 
 def parse_sft_args(argv: list[str] | None = None) -> tuple[Config, SFTArgs]:
-    from dataclasses import fields
-
     ap = build_parser(__doc__.split("\n")[0], groups=SFT_GROUPS)
     ap.set_defaults(output_dir="runs/sft", lr=2e-5, lr_schedule="cosine", warmup_steps=2, sample_every=0,
                     micro_token_budget=4096)
     ns = ap.parse_args(argv)
-    parts = {g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)}) for g, cls in SFT_GROUPS.items()}
+    parts = groups_from_namespace(SFT_GROUPS, ns)
     sft = parts.pop("sft")
     cfg = Config(**parts)
     validate_sft(cfg, sft)

@@ -273,7 +273,7 @@ class SSPTrainer:
                 values = step_values(self.critic, trajs, cfg.algorithm, cfg.optimisation.micro_token_budget)
         adv, returns = self.advantages(trajs, values, old, ref)
         distill, term = {}, None
-        if cfg.algorithm.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
+        if cfg.distill.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
             with self._timer(times, "teacher"):
                 adv, distill, term = self._distill(trajs, adv, old, played)
         gap = self._rollout_lp_gap(trajs, old)
@@ -338,7 +338,7 @@ class SSPTrainer:
         from training.distill import beta_at
         from training.self_distill import dense_term
         from training.teacher import finish_metrics, forward_topk
-        a, temp = self.cfg.algorithm, self.cfg.rollout.temperature
+        a, temp = self.cfg.distill, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)
         engine = self.engines.ref if a.distill_teacher == "reference" else self.actor

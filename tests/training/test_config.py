@@ -107,9 +107,9 @@ def test_the_reference_is_built_for_kl_or_as_the_teacher(tmp_path):
 
 
 def test_distill_topk_is_accepted_with_its_k(tmp_path):
-    a = parse_config(_ok_paths(tmp_path) + ["--distill", "topk", "--distill_topk", "32"]).algorithm
+    a = parse_config(_ok_paths(tmp_path) + ["--distill", "topk", "--distill_topk", "32"]).distill
     assert (a.distill, a.distill_topk) == ("topk", 32)
-    assert parse_config(_ok_paths(tmp_path)).algorithm.distill_topk == 16
+    assert parse_config(_ok_paths(tmp_path)).distill.distill_topk == 16
 
 
 def test_distill_contrast_is_accepted_with_self_play(tmp_path):
@@ -117,7 +117,7 @@ def test_distill_contrast_is_accepted_with_self_play(tmp_path):
 
     cfg = parse_config(_ok_paths(tmp_path) + ["--distill", "contrast", "--distill_coef", "0.2", "--distill_schedule",
                                               "cosine", "--distill_hint", "true"])
-    a = cfg.algorithm
+    a = cfg.distill
     assert (a.distill, a.distill_coef, a.distill_schedule) == ("contrast", 0.2, "cosine") and not needs_reference(cfg)
     assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--distill", "contrast", "--distill_teacher", "reference"]))
 

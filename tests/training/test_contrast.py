@@ -125,7 +125,7 @@ def models(tiny_model_dir):
 
 def contrast_cfg(beta_seed=0, hint=False) -> Config:
     cfg = Config()
-    cfg.algorithm.distill, cfg.algorithm.distill_context_tokens, cfg.algorithm.distill_hint = "contrast", MAX_CTX, hint
+    cfg.distill.distill, cfg.distill.distill_context_tokens, cfg.distill.distill_hint = "contrast", MAX_CTX, hint
     cfg.optimisation.seed = beta_seed
     return cfg
 
@@ -335,7 +335,7 @@ def test_the_trainers_distill_step_runs_contrast(tok, models):
     packed, _ = models
     trajs = step_trajs(tok)
     cfg = contrast_cfg()
-    cfg.algorithm.distill_coef, cfg.algorithm.distill_schedule, cfg.optimisation.total_steps = 0.4, "linear", 4
+    cfg.distill.distill_coef, cfg.distill.distill_schedule, cfg.optimisation.total_steps = 0.4, "linear", 4
     fwd = packed_forward(packed)
     fake = SimpleNamespace(cfg=cfg, step=2, engines=SimpleNamespace(ref=None), actor="the policy", tokenizer=tok,
                            pool=QuestionPool(), forward_logprobs=lambda engine, seqs: fwd(seqs))

@@ -129,7 +129,7 @@ def test_dense_term_is_the_trainers_wiring_of_each_mode(tok, mode):
     adv = [torch.randn(len(t.token_ids), generator=g) for t in trajs]
     old = [torch.tensor(t.logprobs) for t in trajs]
     cfg = Config()
-    cfg.algorithm.distill, cfg.algorithm.distill_context_tokens = mode, 256
+    cfg.distill.distill, cfg.distill.distill_context_tokens = mode, 256
     lp = {len(s.token_ids): -torch.rand(len(s.token_ids), generator=g) for s in
           [teacher_trajectory(a, build_teacher_prompt(tok, QUESTION, privileged_block(a, tok, 256, False), "auto"))]}
     fwd = ((lambda seqs: [lp[len(s.token_ids)] for s in seqs]) if mode == "sampled" else

@@ -1,0 +1,107 @@
+"""validate_args: the one refusal of a configuration that cannot work, saying why.
+
+It joins each settings group's own `check()` (training/settings_play.py, training/settings_learn.py: a bad value
+of one group's fields) with the checks that read two groups or the launch: here (`cross_group_errors`), the
+critic's (training/critic_config.py), the refill lever's (training/rounds.py, beside its loop) and the CPU demo's
+defaults (training/launch_env.py). Takes a training.config.Config but imports none (config.py imports this)."""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+from training.critic_config import critic_errors, needs_critic
+from training.launch_env import cuda_present, demo_default_errors, node_count
+from training.rounds import refill_errors
+from training.settings_play import AUTO_PROMPTS_PER_GROUP
+from utils.errors import InputError
+
+GROUP_ESTIMATORS = ("grpo", "grpo_no_std", "rloo", "reinforce++_baseline")  # their baseline is the group's own mean
+
+
+class ConfigError(InputError):
+    pass
+
+
+def needs_reference(cfg) -> bool:
+    """The frozen reference model is built for the KL penalty, or as the self-distillation teacher."""
+    d = cfg.distill
+    return cfg.algorithm.kl_coef > 0 or cfg.critic.kl_in_reward > 0 or (d.distill != "off" and d.distill_teacher == "reference")
+
+
+def group_errors(cfg) -> list[str]:
+    """Every settings group's own check(), joined in the order Config declares them; the critic's only when a role
+    uses --*_estimator gae (otherwise no critic is built, and its fields are never read)."""
+    return [e for f in fields(cfg) if f.name != "critic" or needs_critic(cfg) for e in getattr(cfg, f.name).check()]
+
+
+def cross_group_errors(cfg, world_size: int | None = None) -> list[str]:
+    """The refusals that read fields of two groups, or the world size."""
+    errs = []
+    r, sp, a, d, o = cfg.rollout, cfg.selfplay, cfg.algorithm, cfg.distill, cfg.optimisation
+    if a.solver_estimator in GROUP_ESTIMATORS and sp.solver_n < 2:
+        errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
+    if a.proposer_estimator in GROUP_ESTIMATORS and sp.proposer_n < 2:
+        errs.append(f"--proposer_estimator {a.proposer_estimator} with --proposer_n {sp.proposer_n}: a group of one has no "
+                    f"baseline, so every proposer advantage is 0 and the proposer never learns; use reinforce++ or ema, "
+                    f"or set --proposer_n >= 2")
+    if a.tis_cap and r.temperature != 1.0:
+        errs.append("--tis_cap compares train log-probs with vLLM's raw (temperature-1) log-probs; it needs --temperature 1.0")
+    if a.old_logprobs == "rollout" and (r.temperature != 1.0 or r.top_p != 1.0):
+        errs.append(f"--old_logprobs rollout uses vLLM's raw (temperature-1, full-vocabulary) log-probs; it needs "
+                    f"--temperature 1 and --top_p 1 (got {r.temperature}, {r.top_p}); use --old_logprobs recompute")
+    if d.distill != "off":
+        if not sp.solver_enable:
+            errs.append(f"--distill {d.distill} trains the solver toward a teacher: it needs --solver_enable true")
+        if d.distill == "contrast" and not sp.self_play_enable:
+            errs.append("--distill contrast scores the solver's tokens under its question's construction path against "
+                        "another question's; fixed QA rows have none: it needs --self_play_enable true")
+        # +32: the block's blank lines and the chat template's room around it
+        if o.micro_token_budget < r.max_total_tokens + d.distill_context_tokens + 32:
+            errs.append(f"--micro_token_budget {o.micro_token_budget} cannot hold a teacher sequence (--max_total_tokens "
+                        f"{r.max_total_tokens} + --distill_context_tokens {d.distill_context_tokens} + 32); raise it "
+                        f"or lower --distill_context_tokens")
+    if o.micro_token_budget < r.max_total_tokens:
+        errs.append(f"--micro_token_budget {o.micro_token_budget} is smaller than one trajectory can be "
+                    f"(--max_total_tokens {r.max_total_tokens}); packing could not place it")
+    if sp.self_play_enable and sp.min_searches > r.max_turns - 1:
+        errs.append(f"--min_searches {sp.min_searches} needs --max_turns >= {sp.min_searches + 1} (got {r.max_turns}): "
+                    f"the proposer searches that many times and then needs one more turn to write the question")
+    return errs + world_errors(cfg, world_size)
+
+
+def world_errors(cfg, world_size: int | None) -> list[str]:
+    """The refusals that need the world size (None before it is known: none then): how --vllm_tp and
+    --prompts_per_step split over the ranks, and whether --ppo_mini_batches finds groups to fill."""
+    r, sp, a, errs = cfg.rollout, cfg.selfplay, cfg.algorithm, []
+    if world_size is None or r.vllm_tp < 1:  # --vllm_tp < 1 is RolloutArgs.check()'s refusal
+        return errs
+    if world_size % r.vllm_tp:
+        errs.append(f"--vllm_tp {r.vllm_tp} must divide the world size {world_size}")
+    elif sp.prompts_per_step % (world_size // r.vllm_tp):  # 0 (auto) always fits
+        dp = world_size // r.vllm_tp
+        near = [k for k in (sp.prompts_per_step // dp * dp, (sp.prompts_per_step // dp + 1) * dp) if k]
+        errs.append(f"--prompts_per_step {sp.prompts_per_step} must be a multiple of the data-parallel size {dp} "
+                    f"(world size {world_size} / --vllm_tp {r.vllm_tp}): each data-parallel group plays the same "
+                    f"number of games so collectives line up; e.g. {' or '.join(map(str, near))}, or 0 for auto "
+                    f"({AUTO_PROMPTS_PER_GROUP} per group: {AUTO_PROMPTS_PER_GROUP * dp})")
+    if sp.prompts_per_step > 0 and a.ppo_mini_batches > 1:
+        per_group = max(1, sp.prompts_per_step // max(1, world_size // r.vllm_tp))
+        if a.ppo_mini_batches > 2 * per_group:
+            errs.append(f"--ppo_mini_batches {a.ppo_mini_batches} is a count of mini-batches per step, not a size "
+                        f"(veRL's ppo_mini_batch_size): each rank plays {per_group} prompt(s) a step, so it holds at "
+                        f"most {2 * per_group} groups (a proposer group and a solver group per prompt) and "
+                        f"{a.ppo_mini_batches} mini-batches would leave some empty; for veRL's size S pass "
+                        f"--ppo_mini_batches B / S with B = --prompts_per_step {sp.prompts_per_step}")
+    return errs
+
+
+def validate_args(cfg, world_size: int | None = None, *, cuda: bool | None = None,
+                  multi_node: bool | None = None) -> None:
+    """Refuse combinations that cannot work, saying why: each group's own check(), then the checks across groups.
+    Called at parse time and again once the world size is known. `cuda` / `multi_node` (None = detect:
+    `cuda_present`, `node_count`) decide whether the CPU demo's defaults are refused (`demo_default_errors`)."""
+    errs = group_errors(cfg) + cross_group_errors(cfg, world_size) + critic_errors(cfg) + refill_errors(cfg)
+    errs += demo_default_errors(cfg, cuda_present() if cuda is None else cuda,
+                                node_count() > 1 if multi_node is None else multi_node)
+    if errs:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errs))
