@@ -252,7 +252,7 @@ class SSPTrainer:
         """The trajectories that carry loss this step: sampled tokens, a trained role, not left out; without the
         flat solver groups under --drop_flat_solver_groups (their count joins `stats`)."""
         roles = self.trained_roles()
-        trajs = [t for t in played if t.num_sampled > 0 and t.role in roles and not t.info.get("excluded")]
+        trajs = [t for t in played if t.num_sampled > 0 and t.role in roles and not t.outcome.excluded]
         if self.cfg.algorithm.drop_flat_solver_groups:
             trajs, n_flat = drop_flat_solver_groups(trajs)
             stats.update(reduce_over_ranks({"game/flat_solver_groups": float(n_flat)}))
@@ -394,8 +394,8 @@ class SSPTrainer:
                 self.log.text(self.step + 1, f"samples/{role}",
                               f"reward={t.reward:.3f} turns={t.num_turns} searches={t.num_searches} "
                               f"stop={t.stop_reason} answer={t.answer!r}\n{text}"
-                              + (f"\n--- teacher's privileged context ---\n{t.info['teacher_context']}"
-                                 if t.info.get("teacher_context") else ""))
+                              + (f"\n--- teacher's privileged context ---\n{t.teacher_context}"
+                                 if t.teacher_context else ""))
 
     def evaluate(self) -> dict:
         """Held-out solver eval with inference/evaluate.py (eval.py's loop) on this rank's rows; results all-reduced."""
@@ -423,9 +423,9 @@ def rollout_metrics(played: list, self_search_format_reward: bool = False) -> di
     sols = [t for t in played if t.role == "solver"]
     if sols:
         m["train/solver_reward_mean"] = float(np.mean([t.reward for t in sols]))
-        m["train/solver_correct_mean"] = float(np.mean([float(t.info.get("correct", 0.0)) for t in sols]))
+        m["train/solver_correct_mean"] = float(np.mean([float(t.outcome.correct or 0.0) for t in sols]))
         if self_search_format_reward:
-            m["search/self_format_reward"] = float(np.mean([t.info["format_reward"] for t in sols]))
+            m["search/self_format_reward"] = float(np.mean([t.outcome.format_reward for t in sols]))
     for role in ("proposer", "solver"):
         sub = [t for t in played if t.role == role]
         if sub:
