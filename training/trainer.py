@@ -55,7 +55,8 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        from training.checkpoint import find_resume, prepare_output_dir
+        from training.run_folder import prepare_output_dir
+        from training.run_state import find_resume
         from training.preflight import preflight
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
         self.inputs = inputs if inputs is not None else preflight(cfg)
@@ -113,6 +114,7 @@ class SSPTrainer:
 
     def save(self) -> None:
         from training import checkpoint as C
+        from training.hf_export import export_hf
         ck = self.cfg.checkpointing
         path = C.save(self.actor, self.out, self.step,
                {"cursor": self.cursor, "qa_cursor": self.qa_cursor, "pool": self.pool.to_list(), "pool_rng": self.pool.rng.getstate(),
@@ -122,7 +124,7 @@ class SSPTrainer:
                tokenizer_dir=self.cfg.model.model_path, export=ck.export_hf, max_ckpts=ck.max_ckpts,
                extra={"critic": self.critic} if self.critic is not None else None)
         if self.critic is not None and self.cfg.critic.export_critic:  # optional: not needed to resume
-            C.export_hf(self.critic.module, self.cfg.model.model_path, path / "critic_hf")
+            export_hf(self.critic.module, self.cfg.model.model_path, path / "critic_hf")
 
     # ------------------------------------------------------------------ data
     def next_batch(self) -> tuple[list, list[dict]]:
