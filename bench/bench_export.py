@@ -6,7 +6,7 @@ SmolLM2-135M (fp32).
 
 Each rank builds the real actor (training.engine_builder), then exports it again and again,
 alternating two ways:
-  * training.checkpoint.export_hf: each tensor's partitions gathered to rank 0 alone (no
+  * training.hf_export.export_hf: each tensor's partitions gathered to rank 0 alone (no
     all-gather), rank 0 writes it into sharded safetensors (--max_shard_size) and lets it go;
   * the previous export, for contrast: every rank gathers the whole model into CPU memory,
     then rank 0 writes one unsharded file;
@@ -43,7 +43,7 @@ from utils import dist as D  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_export.py", "inference/layer_buckets.py", "training/checkpoint.py", "training/engine_builder.py"]
+MEASURES = ["bench/bench_export.py", "inference/layer_buckets.py", "training/engine_builder.py", "training/hf_export.py"]
 
 MB = 1 << 20
 
@@ -98,8 +98,8 @@ def child(args) -> None:
     D.init_distributed()
     import torch
 
-    from training import checkpoint as C
     from training.engine_builder import build_engines
+    from training.hf_export import export_hf
 
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = args.model, "fp32", False
@@ -123,7 +123,7 @@ def child(args) -> None:
             base = _status("VmRSS")
             t0 = time.perf_counter()
             if kind == "new":
-                C.export_hf(module, args.model, out / kind, max_shard_size=args.max_shard_size)
+                export_hf(module, args.model, out / kind, max_shard_size=args.max_shard_size)
             elif kind == "old":
                 old_export(module, args.model, out / kind)
             else:

@@ -6,7 +6,7 @@
 
 A 135M model rarely writes a well-formed <search>/<answer>/<question> turn on its own, so RL from
 scratch spends its first steps on format. A short SFT on these demos teaches the tag protocol first.
-Each demo is one JSON line (training/sft.py consumes exactly this):
+Each demo is one JSON line (training/sft.py consumes exactly this; dataprep/demos.py builds and checks it):
 
   {"role": "solver", "question", "answer": [aliases], "source", "turns": [...]}
   {"role": "proposer", "answer": str, "n_searches": 2, "source", "question": <question written>, "turns": [...]}
@@ -48,14 +48,14 @@ import argparse
 import dataclasses
 import json
 import random
-import re
 import sys
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from dataprep.clues import STOPWORDS, article_clues, clue_query, compose_question, desc_phrase, shorter_query, strip_parens
+from dataprep.clues import article_clues, clue_query, compose_question, desc_phrase, shorter_query, strip_parens
+from dataprep.demos import find_answer_doc, page_title, proposer_demo, read_jsonl, solver_demo, validate_demo
 from dataprep.leak_check import EvalIndex, LeakError, check_no_leak, load_eval_files
 from dataprep.protocol import Protocol, misfit
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
@@ -68,8 +68,6 @@ from utils.text import normalize_answer
 
 TOPK = 3
 BATCH = 128            # queries per retriever call
-SEARCH_DONE_TAIL = "</search>"
-RETRY_THINK = "<think> No document fits; try fewer words. </think>\n"
 PROPOSER_SOURCE = "wiki_extract"
 # The RL game's search range: a question needs >= min_searches distinct searches, and a rollout of
 # max_turns turns has room for max_turns - 1 searches before the question (clamp_search_turns).
@@ -134,100 +132,6 @@ def rl_filter_config(min_searches: int = RL_MIN_SEARCHES) -> FilterConfig:
     return GameConfig(min_searches=min_searches).filter_config()
 
 
-# ------------------------------------------------------------------ demos
-def _norm_pad(s: str) -> str:
-    return f" {normalize_answer(s)} "
-
-
-def _title(doc: dict) -> str:
-    return str(doc.get("contents", "")).split("\n", 1)[0].strip()
-
-
-def _clean_docs(docs: list[dict]) -> list[dict]:
-    return [{"id": str(d.get("id")), "contents": d.get("contents", ""), "score": float(d.get("score", 0.0))}
-            for d in docs]
-
-
-def _words(s: str) -> set[str]:
-    # "Louis XIV's" normalises to "louis xivs": keep the word without a possessive s as well
-    ws = {w for w in normalize_answer(s).split() if w not in STOPWORDS}
-    return ws | {w[:-1] for w in ws if w.endswith("s") and len(w) > 3}
-
-
-def _about_question(doc: dict, question: str, answers: list[str]) -> bool:
-    """A doc other than the answer's own article grounds the answer only if it is the article of
-    something the question names (every content word of its title is in the question) and
-    holds the answer as written. FanOutQA needs this: its short answers ("Physics",
-    "Various") otherwise match in unrelated docs ("the various codes of rugby")."""
-    tw = _words(_title(doc))
-    text = str(doc.get("contents", ""))
-    return bool(tw) and tw <= _words(question) and any(
-        re.search(rf"(?<!\w){re.escape(a)}(?!\w)", text) for a in answers if a.strip())
-
-
-def find_answer_doc(docs: list[dict], answers: list[str], question: str | None = None) -> tuple[int, bool] | None:
-    """(1-based doc number, doc is the answer's own article) of the best doc holding an answer, or None.
-
-    Whole normalised words only, so "Lead" is not found inside "leader". With `question`, a doc
-    that merely mentions the answer must also pass _about_question."""
-    keys = [_norm_pad(a) for a in answers if normalize_answer(a)]
-    found = None
-    for i, d in enumerate(docs, 1):
-        if any(_norm_pad(_title(d)) == k for k in keys):
-            return i, True
-        if (found is None and any(k in _norm_pad(d.get("contents", "")) for k in keys)
-                and (question is None or _about_question(d, question, answers))):
-            found = (i, False)
-    return found
-
-
-def _search_turn(query: str, think: str = "") -> dict:
-    return {"kind": "model", "text": f"{think}<search> {query} </search>"}
-
-
-def solver_demo(question: str, answers: list[str], source: str, searches: list[tuple[str, list[dict]]],
-                hit: tuple[int, bool]) -> dict:
-    turns = []
-    for i, (q, docs) in enumerate(searches):
-        turns.append(_search_turn(q, RETRY_THINK if i else ""))
-        turns.append({"kind": "info", "docs": _clean_docs(docs)})
-    k, own = hit
-    think = f"<think> Doc {k} {'is about' if own else 'mentions'} {answers[0]}. </think>\n"
-    turns.append({"kind": "model", "text": f"{think}<answer> {answers[0]} </answer>"})
-    return {"role": "solver", "question": question, "answer": list(answers), "source": source, "turns": turns}
-
-
-def proposer_demo(answer: str, question: str, source: str, searches: list[tuple[str, list[dict]]], k: int) -> dict:
-    """k: the 1-based number of the answer's article in the last search's docs."""
-    turns = []
-    for q, docs in searches:
-        turns.append(_search_turn(q))
-        turns.append({"kind": "info", "docs": _clean_docs(docs)})
-    turns.append({"kind": "model", "text": f"<think> Doc {k} is about {answer}. </think>\n<question> {question} </question>"})
-    return {"role": "proposer", "answer": answer, "n_searches": len(searches), "source": source,
-            "question": question, "turns": turns}
-
-
-def validate_demo(demo: dict) -> None:
-    """Raise ValueError unless the demo has the shape training/sft.py and the rollout loop expect."""
-    role, turns = demo.get("role"), demo.get("turns") or []
-    final = {"solver": "</answer>", "proposer": "</question>"}.get(role)
-    if final is None:
-        raise ValueError(f"demo role {role!r} is not 'solver' or 'proposer'")
-    if len(turns) < 3 or len(turns) % 2 == 0:
-        raise ValueError(f"{role} demo has {len(turns)} turns; expected model/info pairs then a final model turn")
-    for i, t in enumerate(turns):
-        want = "model" if i % 2 == 0 else "info"
-        if t.get("kind") != want:
-            raise ValueError(f"{role} demo turn {i} is {t.get('kind')!r}, expected {want!r}")
-        if want == "info" and not isinstance(t.get("docs"), list):
-            raise ValueError(f"{role} demo info turn {i} has no docs list")
-        if want == "model":
-            text, end = t.get("text", ""), final if i == len(turns) - 1 else SEARCH_DONE_TAIL
-            if not text.endswith(end) or text != text.strip():
-                raise ValueError(f"{role} demo turn {i} must end with {end!r} and carry no outer whitespace: {text!r}")
-
-
 # ------------------------------------------------------------------ the builder
 def _search_all(retriever: Any, queries: list[str], topk: int) -> list[list[dict]]:
     out: list[list[dict]] = []
@@ -273,7 +177,7 @@ def _proposer_batch(retriever, cands, topk, stats, n, fcfg):
 
     plans, need = [], max(1, n - 1)  # n = 1: one clue, nothing to search it with
     for c, d1 in zip(cands, _search_all(retriever, [c["name"] for c in cands], topk)):
-        titles = [_title(d) for d in d1]
+        titles = [page_title(d) for d in d1]
         if c["title"] not in titles:
             drop("answer_not_retrieved")
             continue
@@ -288,7 +192,7 @@ def _proposer_batch(retriever, cands, topk, stats, n, fcfg):
     demos = []
     for c, d1, clues in plans:
         searches = [(c["name"], d1)] + [(clue_query(cl), next(found)) for cl in clues[:n - 1]]
-        if any(c["title"] not in [_title(d) for d in docs] for _, docs in searches[1:]):
+        if any(c["title"] not in [page_title(d) for d in docs] for _, docs in searches[1:]):
             drop("clue_search_misses_answer")
             continue
         question = compose_question(clues)
@@ -296,7 +200,7 @@ def _proposer_batch(retriever, cands, topk, stats, n, fcfg):
         if why:
             drop(f"filter:{why}")
             continue
-        k = [_title(d) for d in searches[-1][1]].index(c["title"]) + 1
+        k = [page_title(d) for d in searches[-1][1]].index(c["title"]) + 1
         demos.append(proposer_demo(c["name"], question, PROPOSER_SOURCE, searches, k))
     return demos
 
@@ -392,10 +296,6 @@ def build_demos(retriever: Any, wiki: dict, fanout_dev: list[dict], eval_rows: l
 
 
 # ------------------------------------------------------------------ I/O and CLI
-def read_jsonl(path: Path) -> list[dict]:
-    with Path(path).open(encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
 
 def summary_lines(demos: list[dict], stats: Counter, want: dict[str, int]) -> list[str]:
     made = Counter((d["role"], d["source"]) for d in demos)

@@ -43,12 +43,13 @@ from typing import Any
 
 from dataprep.facts import BRIDGE_NP, Chain, Fact, chains, corpus_facts, read_corpus
 from dataprep.clues import sentences, strip_parens
-from dataprep.coldstart import read_jsonl, validate_demo, write_jsonl_atomic
+from dataprep.demos import read_jsonl, validate_demo
 from dataprep.game_demos import QUOTE_WORDS, block_text, fact_proposer_demos, name_demos, quote, search_all
 from dataprep.leak_check import EvalIndex, check_no_leak, load_eval_files
 from dataprep.protocol import Protocol, add_protocol_args, fit_turn, misfit, protocol_of, read_protocol, write_protocol
 from inference.filters import FilterConfig
 from utils import assets
+from utils.logging import write_jsonl_atomic
 from utils.text import contains_answer, normalize_answer
 
 NAMED_RELATIONS = {"capital", "largest_city", "official_language", "located_in", "capital_of", "founded_by",

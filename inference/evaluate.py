@@ -80,8 +80,8 @@ def _sample_record(golden: list[str], t: Any, p: str | None, v: Any) -> dict:
         "pred": p, "em": exact_match(p, golden), "f1": round(f1_score(p, golden), 4),
         "sub_em": substring_match(p, golden), "judge_correct": bool(v.correct), "judge_source": v.source,
         "judge_failed": v.judge_failed, "turns": t.num_turns, "searches": t.num_searches,
-        "stop_reason": t.stop_reason, "queries": t.info.get("queries", []), "response": t.response_text,
-        "doc_titles": [[doc_title(d) for d in docs] for docs in t.info.get("docs", [])],
+        "stop_reason": t.stop_reason, "queries": t.queries, "response": t.response_text,
+        "doc_titles": [[doc_title(d) for d in docs] for docs in t.docs],
     }
 
 

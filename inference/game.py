@@ -20,7 +20,7 @@ advantages are the trainer's business.
 Failures are left out, never scored (mark_excluded). A failed judge call reads as "wrong",
 which gives the solver 0 and the proposer 1 - acc = 1: an outage would pay the proposer. A
 failed search shows the model "Search failed" as if it were evidence. So every trajectory
-whose reward such a failure decided gets info["excluded"] = "judge_failed" | "search_failed"
+whose reward such a failure decided gets outcome.excluded = "judge_failed" | "search_failed"
 (None otherwise), whole groups at a time (a group shares one baseline), and so does the
 proposer group whose reward was read off an excluded solver group. The trainer drops them
 from the loss; game/excluded_groups over game/groups is what training/guards.FailureGuard watches.
@@ -48,7 +48,7 @@ from inference.prompts import build_proposer_prompt, build_solver_prompt
 from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.self_search import build_self_search_prompt, shape_solver_rewards
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Trajectory
 from utils.text import normalize_answer
 
 log = logging.getLogger(__name__)
@@ -232,8 +232,8 @@ def qcp_of(t: Trajectory) -> dict:
     each returned. The solver's self-distillation teacher reads it as privileged context (issue 22;
     inference/prompts.teacher_context)."""
     docs = [[{"id": str(d.get("id", "")), "contents": str(d.get("contents", ""))[:QCP_DOC_CHARS]} for d in call]
-            for call in (t.info.get("docs") or [])]
-    return {"queries": [str(q) for q in (t.info.get("queries") or [])], "docs": docs}
+            for call in (t.docs or [])]
+    return {"queries": [str(q) for q in (t.queries or [])], "docs": docs}
 
 
 @dataclass
@@ -243,7 +243,7 @@ class GameResult:
 
 
 # ---- the round, in stages ----------------------------------------------------------------------
-# Each stage reads what it needs from the trajectories (answer, info["meta"]), so the
+# Each stage reads what it needs from the trajectories (answer, meta), so the
 # stages can also be driven on hand-made trajectories.
 
 def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, SearchFn | None]:
@@ -262,7 +262,7 @@ def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None
     for i, row in enumerate(rows):
         ids = build_proposer_prompt(engine.tokenizer, row.answer, row.search_turns, cfg.template)
         reqs += [RolloutRequest("proposer", f"s{step}-p{i}", ids, answer=row.answer,
-                                meta={"search_turns": row.search_turns, "row": i})] * cfg.proposer_samples
+                                meta=GameMeta(search_turns=row.search_turns, row=i))] * cfg.proposer_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg)
 
 
@@ -277,8 +277,8 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
     reasons: list[str | None] = []
     for t in props:
         q = t.question if t.stop_reason == "question" else None
-        reasons.append(check_question(q, t.answer, t.info.get("queries", []), t.info.get("docs", []),
-                                      t.info["meta"]["search_turns"], fcfg))
+        reasons.append(check_question(q, t.answer, t.queries, t.docs,
+                                      t.meta.search_turns, fcfg))
     survivors = [i for i, why in enumerate(reasons) if why is None]
     if cfg.rag_verifier == "off":
         return reasons, {i: True for i in survivors}
@@ -306,7 +306,7 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
         ids = (build_self_search_prompt if rollout_cfg.self_search else build_solver_prompt)(
             engine.tokenizer, q["question"], cfg.template)
         source = q.get("source", "proposer" if q["proposer"] is not None else "pool")
-        meta = {"proposer": q["proposer"], "from_pool": source == "pool", "source": source, "qcp": q.get("qcp")}
+        meta = GameMeta(proposer=q["proposer"], source=source, qcp=q.get("qcp"))
         reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
                                 meta=meta)] * cfg.solver_samples
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
@@ -314,24 +314,24 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,
           cfg: GameConfig) -> None:
-    """Write the rewards of both roles into the trajectories (and the why into their info)."""
+    """Write the rewards of both roles into the trajectories (and the why into their outcome)."""
     preds = [extract_answer(t.response_text) for t in sols]
     verdicts = judge.judge_many([JudgeItem(t.question, t.answer, p) for t, p in zip(sols, preds)])
     correct_by_prop: dict[int, list[float]] = {}
     for t, p, v in zip(sols, preds, verdicts):
         spam = is_answer_spam(t.response_text, cfg.max_answer_tags)
         t.reward = solver_reward(v.correct, spam, cfg.spam_divisor)
-        t.info.update(pred=p, correct=v.correct, judge_source=v.source, judge_failed=v.judge_failed, spam=spam,
-                      from_pool=t.info["meta"]["from_pool"])
-        if t.info["meta"]["proposer"] is not None:
-            correct_by_prop.setdefault(t.info["meta"]["proposer"], []).append(float(v.correct))
+        o = t.outcome
+        o.pred, o.correct, o.judge_source, o.judge_failed, o.spam = p, v.correct, v.source, v.judge_failed, spam
+        if t.meta.proposer is not None:
+            correct_by_prop.setdefault(t.meta.proposer, []).append(float(v.correct))
     for i, t in enumerate(props):
-        t.info.update(filter_reason=reasons[i], valid=reasons[i] is None)
+        t.outcome.filter_reason, t.outcome.valid = reasons[i], reasons[i] is None
         if reasons[i] is None:
             if i not in correct_by_prop:
                 raise ValueError(f"proposer trajectory {i} is valid but no solver trajectory answers its question")
             t.reward = proposer_reward(correct_by_prop[i], cfg.proposer_reward)
-            t.info["solver_acc"] = _mean(correct_by_prop[i])
+            t.outcome.solver_acc = _mean(correct_by_prop[i])
         else:
             t.reward = cfg.invalid_penalty
 
@@ -390,7 +390,7 @@ def play_round(
     sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
     score(props, reasons, sols, judge, cfg)
     for i, t in enumerate(props):
-        t.info["rag"] = verdict.get(i)
+        t.outcome.rag = verdict.get(i)
     excluded = mark_excluded(props, sols, verdict)
     # after the fills were drawn, so a round never re-asks its own fresh questions; after scoring, so each
     # question's solve rate is known
@@ -413,30 +413,30 @@ def play_round(
 
 def admit_to_pool(pool: QuestionPool, props: list[Trajectory], sols: list[Trajectory], valid: Sequence[int],
                   qcps: dict[int, dict], cfg: GameConfig, step: int) -> int:
-    """Add this round's valid questions whose solve rate s (info["solver_acc"], set by score()) the pool
+    """Add this round's valid questions whose solve rate s (outcome.solver_acc, set by score()) the pool
     admits (cfg.pool_admits); returns how many joined. A question whose solver group was left out of the
     loss (mark_excluded: its judging or search failed) has no measured s and stays out. Each proposer
-    trajectory records info["pool_admitted"]."""
-    unmeasured = {t.info["meta"]["proposer"] for t in sols
-                  if t.info["meta"].get("proposer") is not None and t.info.get("excluded")}
+    trajectory records outcome.pool_admitted."""
+    unmeasured = {t.meta.proposer for t in sols
+                  if t.meta.proposer is not None and t.outcome.excluded}
     admitted = 0
     for i in valid:
         t = props[i]
-        s = t.info["solver_acc"]
+        s = t.outcome.solver_acc
         ok = i not in unmeasured and cfg.pool_admits(s) and pool.add(t.question, t.answer, step, qcps[i], s)
-        t.info["pool_admitted"] = bool(ok)
+        t.outcome.pool_admitted = bool(ok)
         admitted += bool(ok)
     return admitted
 
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:
-    """Set info["excluded"] on every trajectory (a reason from EXCLUSION_REASONS, or None); returns the counts.
+    """Set outcome.excluded on every trajectory (a reason from EXCLUSION_REASONS, or None); returns the counts.
 
-    Own failures: a solver trajectory whose judging failed (info["judge_failed"]) or whose search
-    failed (info["search_failed"] > 0, counted by the rollout); a proposer trajectory whose search
+    Own failures: a solver trajectory whose judging failed (outcome.judge_failed) or whose search
+    failed (search_failed > 0, counted by the rollout); a proposer trajectory whose search
     failed or whose RAG check was undecided (verdict None). Then, whole groups: a group with an
     excluded member is excluded, and a proposer trajectory whose reward came from an excluded
-    solver group (info["meta"]["proposer"]) is excluded with that group's reason, and its group too.
+    solver group (meta.proposer) is excluded with that group's reason, and its group too.
     Call after score(), which records judge_failed.
     """
     rank = {r: k for k, r in enumerate(EXCLUSION_REASONS)}
@@ -446,8 +446,8 @@ def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict
         return min(named, key=rank.__getitem__) if named else None
 
     def own(t: Trajectory, rag_undecided: bool = False) -> str | None:
-        return first("judge_failed" if (t.info.get("judge_failed") or rag_undecided) else None,
-                     "search_failed" if t.info.get("search_failed", 0) > 0 else None)
+        return first("judge_failed" if (t.outcome.judge_failed or rag_undecided) else None,
+                     "search_failed" if t.search_failed > 0 else None)
 
     def by_group(trajs: Sequence[Trajectory], reasons: list[str | None]) -> dict[str, str | None]:
         out: dict[str, str | None] = {}
@@ -458,18 +458,18 @@ def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict
     sol_groups = by_group(sols, [own(t) for t in sols])
     prop_reasons = [own(t, i in verdict and verdict[i] is None) for i, t in enumerate(props)]
     for t in sols:  # a proposer's reward is read off its solver group
-        p = t.info["meta"].get("proposer")
+        p = t.meta.proposer
         if p is not None:
             prop_reasons[p] = first(prop_reasons[p], sol_groups[t.group_id])
     prop_groups = by_group(props, prop_reasons)
     for t in props:
-        t.info["excluded"] = prop_groups[t.group_id]
+        t.outcome.excluded = prop_groups[t.group_id]
     for t in sols:
-        t.info["excluded"] = sol_groups[t.group_id]
+        t.outcome.excluded = sol_groups[t.group_id]
 
     groups = [*prop_groups.values(), *sol_groups.values()]
     counts = {"game/groups": len(groups), "game/excluded_groups": sum(r is not None for r in groups),
-              "game/excluded_trajs": sum(t.info["excluded"] is not None for t in props + sols)}
+              "game/excluded_trajs": sum(t.outcome.excluded is not None for t in props + sols)}
     for reason in EXCLUSION_REASONS:
         counts[f"game/excluded/{reason}"] = sum(r == reason for r in groups)
     return counts

@@ -29,7 +29,7 @@ def mean_or_zero(xs: Sequence[float]) -> float:
 def answer_is_first_title(t: Trajectory) -> bool:
     """The proposer's answer is the title of Doc 1 of its first search: a question built on that page alone
     is one the "search once, answer Doc 1's title" heuristic (issue 21) may solve without the later searches."""
-    docs = t.info.get("docs") or []
+    docs = t.docs or []
     title = doc_title(docs[0][0]) if docs and docs[0] else ""
     return bool(title) and bool(exact_match(title, t.answer))
 
@@ -62,19 +62,19 @@ def no_question_why(t: Trajectory) -> str | None:
     if t.stop_reason == "question":
         return None if (t.question or "").strip() else "empty"
     if t.stop_reason == "max_tokens":
-        return "total_cap" if t.info.get("cap") == "total" else "turn_cap"
+        return "total_cap" if t.cap == "total" else "turn_cap"
     return {"max_turns": "out_of_turns", "eos": "eos"}.get(t.stop_reason, "no_action")
 
 
 def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
     """Solver groups, and the informative ones among them (rewards not all equal: the only groups a group
-    baseline gives any gradient), in all and per SOURCES. A group left out of the loss (info["excluded"])
+    baseline gives any gradient), in all and per SOURCES. A group left out of the loss (outcome.excluded)
     carries no signal. Call again after anything reshapes the rewards (self-search's format reward)."""
     groups: dict[str, tuple[str, set, bool]] = {}
     for t in sols:
-        src, rewards, excl = groups.get(t.group_id, (t.info["meta"].get("source", "fresh"), set(), False))
+        src, rewards, excl = groups.get(t.group_id, (t.meta.source or "fresh", set(), False))
         rewards.add(round(float(t.reward), 9))
-        groups[t.group_id] = (src if src != "proposer" else "fresh", rewards, excl or bool(t.info.get("excluded")))
+        groups[t.group_id] = (src if src != "proposer" else "fresh", rewards, excl or bool(t.outcome.excluded))
     out = {"game/solver_groups": 0.0, "game/informative_groups": 0.0}
     for src in SOURCES:
         out[f"game/solver_groups/{src}"] = out[f"game/informative_groups/{src}"] = 0.0
@@ -111,25 +111,30 @@ def shares(summed: dict[str, float]) -> dict[str, float]:
     return out
 
 
+RECORD_KEYS = {"proposer": ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pool_admitted", "excluded"),
+               "solver": ("pred", "correct", "spam", "excluded")}
+"""The outcome fields a rollout record shows, per role: those the game writes for that role."""
+
+
 def rollout_record(t: Trajectory) -> dict:
     """One trajectory as a JSON line for reading what the game plays (--dump_rollouts): the text, the reward and
-    every why the round recorded. Token ids stay out; the documents appear as the titles each search returned."""
-    keys = ("filter_reason", "valid", "rag", "rag_answer", "solver_acc", "pool_admitted", "pred", "correct", "spam",
-            "excluded", "cap")
-    return {"role": t.role, "group_id": t.group_id, "source": t.info.get("meta", {}).get("source"),
+    every why the round recorded: its role's RECORD_KEYS of the outcome, null where the round did not reach that
+    stage, and the cap. Token ids stay out; the documents appear as the titles each search returned."""
+    o = t.outcome
+    return {"role": t.role, "group_id": t.group_id, "source": t.meta.source,
             "question": t.question, "answer": t.answer, "reward": t.reward, "stop_reason": t.stop_reason,
             "no_question": no_question_why(t) if t.role == "proposer" else None,
             "turns": t.num_turns, "searches": t.num_searches, "sampled_tokens": t.num_sampled,
-            "queries": t.info.get("queries", []),
-            "titles": [[doc_title(d) for d in call] for call in (t.info.get("docs") or [])],
-            "response": t.response_text, **{k: t.info[k] for k in keys if k in t.info}}
+            "queries": t.queries,
+            "titles": [[doc_title(d) for d in call] for call in (t.docs or [])],
+            "response": t.response_text, **{k: getattr(o, k) for k in RECORD_KEYS[t.role]}, "cap": t.cap}
 
 
 def answer_in_text(t: Trajectory) -> bool:
     """The answer (any alias) sits in the text of a document the proposer retrieved, title line left out: a
     question about a fact read off a page, not only about the page's name."""
     return any(contains_answer(str(d.get("contents", "")).partition("\n")[2], t.answer)
-               for call in (t.info.get("docs") or []) for d in call)
+               for call in (t.docs or []) for d in call)
 
 
 def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], search: SearchFn | None,
@@ -151,7 +156,7 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
     counts = Counter(r for r in reasons if r is not None)
     valid = [t for t, r in zip(props, reasons) if r is None]
     checked = [v for v in verdict.values() if v is not None]
-    fresh = [t for t in sols if t.info["meta"]["source"] == "proposer"]  # set by solve()
+    fresh = [t for t in sols if t.meta.source == "proposer"]  # set by solve()
     s = {
         "game/proposer_trajs": len(props),
         "game/valid_rate": mean_or_zero([float(r is None) for r in reasons]),
@@ -168,16 +173,16 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
         "game/questions": len({t.group_id for t in sols}),
         "proposer/reward_mean": mean_or_zero([t.reward for t in props]),
         "proposer/searches_mean": mean_or_zero([t.num_searches for t in props]),
-        "solver/acc": mean_or_zero([float(t.info["correct"]) for t in sols]),
+        "solver/acc": mean_or_zero([float(t.outcome.correct) for t in sols]),
         "solver/reward_mean": mean_or_zero([t.reward for t in sols]),
-        "solver/spam_rate": mean_or_zero([float(t.info["spam"]) for t in sols]),
+        "solver/spam_rate": mean_or_zero([float(t.outcome.spam) for t in sols]),
         "solver/turns_mean": mean_or_zero([t.num_turns for t in sols]),
         "solver/searches_mean": mean_or_zero([t.num_searches for t in sols]),
-        "solver/judge_failed": sum(bool(t.info["judge_failed"]) for t in sols),
+        "solver/judge_failed": sum(bool(t.outcome.judge_failed) for t in sols),
         # the curriculum: solver accuracy on this round's own (fresh) proposer questions, apart from
         # pool refills and fixed QA rows; counts, so a ratio over ranks and steps stays exact
         "solver/fresh_trajs": len(fresh),
-        "solver/fresh_correct": sum(float(t.info["correct"]) for t in fresh),
+        "solver/fresh_correct": sum(float(t.outcome.correct) for t in fresh),
     }
     for reason in FILTER_REASONS + ("rag_failed",):
         s[f"game/filter/{reason}"] = counts.get(reason, 0)
@@ -192,7 +197,7 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
     # solve rates of the fresh questions: s = 0 (nobody), 0 < s < 1, s = 1 (everybody)
     by_q: dict[str, list[float]] = {}
     for t in fresh:
-        by_q.setdefault(t.group_id, []).append(float(t.info["correct"]))
+        by_q.setdefault(t.group_id, []).append(float(t.outcome.correct))
     rates = [mean_or_zero(v) for v in by_q.values()]
     s["game/fresh_s0"] = sum(r == 0 for r in rates)
     s["game/fresh_s1"] = sum(r == 1 for r in rates)
@@ -200,9 +205,9 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
     # what the pool served: repeats within the round, and how often its questions were solved
     keys = [normalize_answer(q) for q in served]
     s["game/pool_repeats"] = len(keys) - len(set(keys))
-    pooled = [t for t in sols if t.info["meta"]["source"] == "pool"]
+    pooled = [t for t in sols if t.meta.source == "pool"]
     s["game/pool_served_trajs"] = len(pooled)
-    s["game/pool_served_correct"] = sum(float(t.info["correct"]) for t in pooled)
+    s["game/pool_served_correct"] = sum(float(t.outcome.correct) for t in pooled)
     s["game/pool_admitted"] = admitted   # fresh questions the pool took (game/pool_cleared: the trainer's)
     s.update(signal_counts(sols))
     return s

@@ -89,7 +89,7 @@ def _rag_answer_text(reply: str | None) -> str | None:
 
 def _searches(t: Trajectory) -> list[tuple[str, list[dict]]]:
     """A trajectory's (query, documents) pairs, in the order it searched."""
-    return [(str(q), list(d or [])) for q, d in zip(t.info.get("queries") or [], t.info.get("docs") or [])]
+    return [(str(q), list(d or [])) for q, d in zip(t.queries or [], t.docs or [])]
 
 def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], distractors: list[tuple[str, list[dict]]],
                 template: str, max_info_tokens: int, limit: int, rng: random.Random) -> list[int]:
@@ -119,7 +119,7 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
     """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
     (the verifier gave no reply, or the judge failed on a non-exact-match answer).
 
-    Distractors come from trajectories of *other* proposer prompts (info["meta"]["row"]): the
+    Distractors come from trajectories of *other* proposer prompts (meta.row): the
     G_p samples of one prompt search around the same answer, so their documents would help.
     The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
     exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
@@ -128,8 +128,8 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
         return {}
     prompts = []
     for i in candidates:
-        row = props[i].info["meta"]["row"]
-        others = [j for j, t in enumerate(props) if t.info["meta"]["row"] != row and _flat_docs(t.info.get("docs", []))]
+        row = props[i].meta.row
+        others = [j for j, t in enumerate(props) if t.meta.row != row and _flat_docs(t.docs)]
         picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
         prompts.append((i, picked))
 
@@ -141,8 +141,8 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
         outs = engine.generate(views, SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
         replies: list[str | None] = [o.text for o in outs]
     else:
-        texts = [rag_prompt(props[i].question, _flat_docs(props[i].info["docs"]),
-                            [d for j in picked for d in _flat_docs(props[j].info["docs"])], cfg, rng)
+        texts = [rag_prompt(props[i].question, _flat_docs(props[i].docs),
+                            [d for j in picked for d in _flat_docs(props[j].docs)], cfg, rng)
                  for i, picked in prompts]
         replies = judge.chat_many([[{"role": "user", "content": t}] for t in texts], max_tokens=cfg.rag_max_tokens)
 
@@ -150,7 +150,7 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
     ask = []
     for (i, _), reply in zip(prompts, replies):
         pred = _rag_answer_text(reply)
-        props[i].info["rag_answer"] = pred
+        props[i].outcome.rag_answer = pred
         if pred is None:
             verdict[i] = None
         elif exact_match(pred, props[i].answer):

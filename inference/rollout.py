@@ -21,7 +21,7 @@ Modes:
     those blocks get mask 0 (found through character offsets of incremental decoding).
 
 stop_reason: "answer" (solver) | "question" (proposer) | "eos" (EOS without an action)
-| "max_tokens" (turn or total token budget used up; info["cap"] says which: "turn" or "total")
+| "max_tokens" (turn or total token budget used up; Trajectory.cap says which: "turn" or "total")
 | "max_turns" (a search asked for in the last turn) | "no_action" (stopped on a stop string
 without a usable action, e.g. "</search>" with no opening tag).
 """
@@ -29,13 +29,13 @@ without a usable action, e.g. "</search>" with no opening tag).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 from inference.engine_api import SamplingConfig
 from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, model_text, parse_action
 from inference.prompts import format_docs
-from inference.trajectory import ROLES, Trajectory
+from inference.trajectory import ROLES, GameMeta, Trajectory
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ class RolloutRequest:
     prompt_ids: list[int]     # from prompts.build_*_prompt
     question: str = ""        # solver: the question asked
     answer: Any = None        # golden answer(s)
-    meta: dict = field(default_factory=dict)  # copied into Trajectory.info["meta"]
+    meta: GameMeta = field(default_factory=GameMeta)  # the game's tag, copied into Trajectory.meta
 
 
 @dataclass
@@ -326,16 +326,10 @@ def _to_trajectory(s: _State, tok: Any) -> Trajectory:
     question = r.question
     if r.role == "proposer":
         question = s.action_content if s.action_kind == final else ""
-    info = {
-        "queries": s.queries,
-        "docs": s.docs,
-        "search_failed": s.search_failed,
-        "final_action": {"kind": s.action_kind, "content": s.action_content},
-        "cap": s.cap,
-        "meta": dict(r.meta),
-    }
     return Trajectory(
         role=r.role, group_id=r.group_id, token_ids=s.ids, loss_mask=s.mask, logprobs=s.logprobs,
         prompt_len=len(r.prompt_ids), num_turns=s.turns, num_searches=len(s.queries),
-        response_text="".join(s.texts), question=question, answer=r.answer, stop_reason=s.stop_reason, info=info,
+        response_text="".join(s.texts), question=question, answer=r.answer, stop_reason=s.stop_reason,
+        queries=s.queries, docs=s.docs, search_failed=s.search_failed,
+        final_action={"kind": s.action_kind, "content": s.action_content}, cap=s.cap, meta=replace(r.meta),
     )

@@ -107,7 +107,7 @@ def shape_solver_rewards(trajs, spam_divisor: float = SPAM_DIVISOR) -> None:
     trajectories are left alone."""
     for t in trajs:
         if t.role == "solver":
-            t.info["format_reward"] = fmt = format_reward(t.response_text)
-            t.reward = shaped_reward(float(t.info.get("correct", 0.0)), fmt)
-            if t.info.get("spam"):
+            t.outcome.format_reward = fmt = format_reward(t.response_text)
+            t.reward = shaped_reward(float(t.outcome.correct or 0.0), fmt)
+            if t.outcome.spam:
                 t.reward /= spam_divisor

@@ -216,7 +216,7 @@ def test_gather_to_main_under_nccl_sends_no_cpu_tensor(monkeypatch):
     monkeypatch.setattr(dist, "get_rank", lambda group=None: 0)
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(dist, "gather", lambda t, out=None, dst=0, group=None, async_op=False: seen.append(t.device.type))
-    part = torch.arange(12, dtype=torch.float32).view(torch.uint8)      # bytes, as checkpoint._gather_to_main sends
+    part = torch.arange(12, dtype=torch.float32).view(torch.uint8)      # bytes, as hf_export._gather_to_main sends
     try:
         out = D.gather_to_main(part)
     except (AssertionError, RuntimeError) as e:                           # "Torch not compiled with CUDA enabled"

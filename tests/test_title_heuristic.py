@@ -40,7 +40,7 @@ def test_doc_title_is_the_first_line_the_model_reads():
 
 def test_sample_record_keeps_titles_per_search_call():
     t = SimpleNamespace(num_turns=3, num_searches=2, stop_reason="answer", response_text="..",
-                        info={"queries": ["a", "b"], "docs": [[{"contents": "Paris\nx"}, {"contents": "y"}], []]})
+                        queries=["a", "b"], docs=[[{"contents": "Paris\nx"}, {"contents": "y"}], []])
     v = SimpleNamespace(correct=True, source="em", judge_failed=False)
     r = _sample_record(["Paris"], t, "Paris", v)
     assert set(r) == set(SAMPLE_FIELDS) and r["doc_titles"] == [["Paris", ""], []]

@@ -73,7 +73,7 @@ def wrong_paths(trajs: Sequence[Trajectory], hint: bool, pool_items: Sequence[di
         return bool(p["qcp"]) or (hint and bool(_answers(p["answer"])))
 
     def own(t: Trajectory) -> dict:
-        return _path(t.question, t.answer, (t.info.get("meta") or {}).get("qcp"))
+        return _path(t.question, t.answer, t.meta.qcp)
 
     step_paths: dict[str, dict] = {}             # one path per question, whatever the trajectories' order
     for p in sorted((own(t) for t in (trajs if played is None else played) if t.role == "solver"), key=_sort_key):

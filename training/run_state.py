@@ -1,6 +1,6 @@
 """What a run folder holds, read without changing anything: whether a launch may use it, and the checkpoint
 it resumes from. No torch: train.py's --dry_run and the trainer (before any model is built) ask the same
-questions, and training/checkpoint.py acts on the answers (it writes, rotates and deletes).
+questions, and training/run_folder.py and training/checkpoint.py act on the answers (they write, rotate and delete).
 
 A checkpoint folder is complete when it holds the trainer's state (trainer_rank*.pt) and DeepSpeed's model
 states, and every .pt file in it is whole (torch.save writes zips: a truncated one has lost its directory,
@@ -168,7 +168,7 @@ def find_resume(output_dir: str | Path, resume: str) -> Path | None:
 
 @dataclass
 class OutputDirVerdict:
-    """What a launch with `config` would do to output_dir (training/checkpoint.py's claim_output_dir acts on it)."""
+    """What a launch with `config` would do to output_dir (training/run_folder.py's claim_output_dir acts on it)."""
     old: dict | None = None                    # the folder's config.json, when it reads as one
     diffs: dict = field(default_factory=dict)  # run-defining fields that differ
     has_ckpt: bool = False                     # checkpoints/latest exists

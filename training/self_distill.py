@@ -28,7 +28,7 @@ def dense_term(trajs: Sequence[Trajectory], adv: list[torch.Tensor], old: list[t
     the term. `forward` scores teacher sequences (forward_logprobs, or forward_topk for topk); contrast
     draws its wrong paths from the questions of `played` (every trajectory the rank played this step, trained
     or not; None: `trajs`), else from `pool_items` (the rank's question pool).
-    Each trajectory with a teacher gets info["teacher_context"], which samples/ shows."""
+    Each trajectory with a teacher gets teacher_context, which samples/ shows."""
     a = cfg.distill
     args = (tokenizer, cfg.model.template, a.distill_context_tokens, a.distill_hint)
     term = None
@@ -44,5 +44,5 @@ def dense_term(trajs: Sequence[Trajectory], adv: list[torch.Tensor], old: list[t
         adv, sums = (adv, coverage_sums(trajs, teacher)) if term else apply_sampled(trajs, adv, old, teacher, beta)
     for t, b in zip(trajs, blocks):
         if b is not None:
-            t.info["teacher_context"] = b   # samples/ shows it beside the trajectory
+            t.teacher_context = b   # samples/ shows it beside the trajectory
     return adv, sums, term

@@ -45,6 +45,7 @@ from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, Mod
                              groups_from_namespace)
 from training.input_checks import model_path_errors, report_to_errors  # noqa: E402
 from training.lr_schedule import set_lr  # noqa: E402
+from training.run_state import find_resume  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.logging import RunLogger, fmt_metrics  # noqa: E402
 
@@ -191,7 +192,7 @@ class SFTTrainer:
 
     def _resume(self) -> None:
         from training import checkpoint as C
-        path = C.find_resume(self.out, self.sft.resume)
+        path = find_resume(self.out, self.sft.resume)
         if path is not None:
             self.step = int(C.load(self.actor, path)["step"])
             self.D.barrier()
@@ -237,7 +238,7 @@ class SFTTrainer:
     def run(self) -> Path:
         from tqdm import tqdm
 
-        from training import checkpoint as C
+        from training.hf_export import export_hf
 
         D = self.D
         bar = tqdm(total=self.total, initial=self.step, desc="sft", unit="step", disable=not D.is_main())
@@ -253,7 +254,7 @@ class SFTTrainer:
                 self.save()
         bar.close()
         hf = self.out / "hf"
-        C.export_hf(self.actor.module, self.cfg.model.model_path, hf)
+        export_hf(self.actor.module, self.cfg.model.model_path, hf)
         self.log.close()
         if D.is_main():
             print(f"sft: {self.total} steps done; HF export at {hf}", flush=True)

@@ -52,7 +52,7 @@ def path_block(answer: Any, qcp: dict | None, tokenizer: Any, max_tokens: int, h
 
 def privileged_block(t: Trajectory, tokenizer: Any, max_tokens: int, hint: bool) -> str | None:
     """The teacher's privileged block for solver trajectory `t`, or None when it gets no teacher."""
-    return path_block(t.answer, (t.info.get("meta") or {}).get("qcp"), tokenizer, max_tokens, hint)
+    return path_block(t.answer, t.meta.qcp, tokenizer, max_tokens, hint)
 
 
 def teacher_trajectory(t: Trajectory, prompt_ids: list[int]) -> Trajectory:
@@ -60,8 +60,7 @@ def teacher_trajectory(t: Trajectory, prompt_ids: list[int]) -> Trajectory:
     resp = slice(t.prompt_len, None)
     n = len(prompt_ids)
     return replace(t, token_ids=list(prompt_ids) + list(t.token_ids[resp]), prompt_len=n,
-                   loss_mask=[0] * n + list(t.loss_mask[resp]), logprobs=[0.0] * n + list(t.logprobs[resp]),
-                   info={})
+                   loss_mask=[0] * n + list(t.loss_mask[resp]), logprobs=[0.0] * n + list(t.logprobs[resp]))
 
 
 def teacher_logprobs(trajs: Sequence[Trajectory], tokenizer: Any, template: str, max_tokens: int, hint: bool,

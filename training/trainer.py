@@ -55,7 +55,8 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        from training.checkpoint import find_resume, prepare_output_dir
+        from training.run_folder import prepare_output_dir
+        from training.run_state import find_resume
         from training.preflight import preflight
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
         self.inputs = inputs if inputs is not None else preflight(cfg)
@@ -113,6 +114,7 @@ class SSPTrainer:
 
     def save(self) -> None:
         from training import checkpoint as C
+        from training.hf_export import export_hf
         ck = self.cfg.checkpointing
         path = C.save(self.actor, self.out, self.step,
                {"cursor": self.cursor, "qa_cursor": self.qa_cursor, "pool": self.pool.to_list(), "pool_rng": self.pool.rng.getstate(),
@@ -122,7 +124,7 @@ class SSPTrainer:
                tokenizer_dir=self.cfg.model.model_path, export=ck.export_hf, max_ckpts=ck.max_ckpts,
                extra={"critic": self.critic} if self.critic is not None else None)
         if self.critic is not None and self.cfg.critic.export_critic:  # optional: not needed to resume
-            C.export_hf(self.critic.module, self.cfg.model.model_path, path / "critic_hf")
+            export_hf(self.critic.module, self.cfg.model.model_path, path / "critic_hf")
 
     # ------------------------------------------------------------------ data
     def next_batch(self) -> tuple[list, list[dict]]:
@@ -252,7 +254,7 @@ class SSPTrainer:
         """The trajectories that carry loss this step: sampled tokens, a trained role, not left out; without the
         flat solver groups under --drop_flat_solver_groups (their count joins `stats`)."""
         roles = self.trained_roles()
-        trajs = [t for t in played if t.num_sampled > 0 and t.role in roles and not t.info.get("excluded")]
+        trajs = [t for t in played if t.num_sampled > 0 and t.role in roles and not t.outcome.excluded]
         if self.cfg.algorithm.drop_flat_solver_groups:
             trajs, n_flat = drop_flat_solver_groups(trajs)
             stats.update(reduce_over_ranks({"game/flat_solver_groups": float(n_flat)}))
@@ -394,8 +396,8 @@ class SSPTrainer:
                 self.log.text(self.step + 1, f"samples/{role}",
                               f"reward={t.reward:.3f} turns={t.num_turns} searches={t.num_searches} "
                               f"stop={t.stop_reason} answer={t.answer!r}\n{text}"
-                              + (f"\n--- teacher's privileged context ---\n{t.info['teacher_context']}"
-                                 if t.info.get("teacher_context") else ""))
+                              + (f"\n--- teacher's privileged context ---\n{t.teacher_context}"
+                                 if t.teacher_context else ""))
 
     def evaluate(self) -> dict:
         """Held-out solver eval with inference/evaluate.py (eval.py's loop) on this rank's rows; results all-reduced."""
@@ -423,9 +425,9 @@ def rollout_metrics(played: list, self_search_format_reward: bool = False) -> di
     sols = [t for t in played if t.role == "solver"]
     if sols:
         m["train/solver_reward_mean"] = float(np.mean([t.reward for t in sols]))
-        m["train/solver_correct_mean"] = float(np.mean([float(t.info.get("correct", 0.0)) for t in sols]))
+        m["train/solver_correct_mean"] = float(np.mean([float(t.outcome.correct or 0.0) for t in sols]))
         if self_search_format_reward:
-            m["search/self_format_reward"] = float(np.mean([t.info["format_reward"] for t in sols]))
+            m["search/self_format_reward"] = float(np.mean([t.outcome.format_reward for t in sols]))
     for role in ("proposer", "solver"):
         sub = [t for t in played if t.role == role]
         if sub:

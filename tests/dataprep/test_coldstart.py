@@ -19,7 +19,8 @@ from inference.game import GameConfig
 from inference.parser import parse_action
 from dataprep import coldstart
 from dataprep.clues import article_clues, compose_question, desc_phrase, sentences
-from dataprep.coldstart import build_demos, find_answer_doc, summary_lines, validate_demo, wiki_candidates
+from dataprep.coldstart import build_demos, summary_lines, wiki_candidates
+from dataprep.demos import find_answer_doc, validate_demo
 from dataprep.leak_check import LeakError, check_no_leak, load_eval_files
 from training.config import RolloutArgs, SelfPlayArgs
 from utils.text import normalize_answer

@@ -16,7 +16,7 @@ import pytest
 from dataprep import facts as F
 from dataprep.game_demos import quote
 from dataprep.reading_sets import build, title_demo_think
-from dataprep.coldstart import validate_demo
+from dataprep.demos import validate_demo
 from dataprep.leak_check import EvalIndex, check_no_leak
 from utils.text import normalize_answer
 

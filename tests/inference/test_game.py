@@ -36,7 +36,7 @@ from inference.game_metrics import round_stats
 from inference.judge import JUDGE_SYSTEM, Judge
 from inference.rag_check import _flat_docs
 from inference.rollout import INFO_OPEN, RolloutConfig
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Outcome, Trajectory
 from utils.text import exact_match
 
 STAT_KEYS = {
@@ -102,7 +102,7 @@ def test_full_round_tiny_model(vllm_engine, bm25):
     assert [t.group_id for t in props] == ["s7-p0", "s7-p0", "s7-p1", "s7-p1"]
     assert props[2].answer == ["Abraham Lincoln", "Lincoln"]
 
-    n_valid = sum(t.info["valid"] for t in props)
+    n_valid = sum(t.outcome.valid for t in props)
     s = res.stats
     assert set(s) == STAT_KEYS
     assert s["game/valid_rate"] == n_valid / 4
@@ -112,7 +112,7 @@ def test_full_round_tiny_model(vllm_engine, bm25):
     assert s["judge/calls"] == 0                          # exact-match judge: no server
     # nothing failed (exact-match judge, a local index): every group trains
     assert s["game/groups"] == 2 + 4 and s["game/excluded_groups"] == s["game/excluded_trajs"] == 0
-    assert all(t.info["excluded"] is None for t in res.trajectories)
+    assert all(t.outcome.excluded is None for t in res.trajectories)
 
     # solver groups: G_s samples per question, distinct from proposer groups
     groups = {}
@@ -121,25 +121,25 @@ def test_full_round_tiny_model(vllm_engine, bm25):
     assert len(groups) == 4 and all(len(g) == 3 and len({x.question for x in g}) == 1 for g in groups.values())
     assert all(gid.startswith("s7-q") for gid in groups)
     pool_qs = {p["question"] for p in SEED_POOL}
-    assert sum(t.info["from_pool"] for t in sols) == 3 * (4 - n_valid)
-    assert all(t.question in pool_qs for t in sols if t.info["from_pool"])
+    assert sum(t.meta.from_pool for t in sols) == 3 * (4 - n_valid)
+    assert all(t.question in pool_qs for t in sols if t.meta.from_pool)
 
     # rewards in range and consistent with the verdicts
     for t in props:
-        if t.info["valid"]:
+        if t.outcome.valid:
             assert 0.0 <= t.reward <= 1.0
         else:
-            assert t.reward == cfg.invalid_penalty and t.info["filter_reason"] in FILTER_REASONS + ("rag_failed",)
+            assert t.reward == cfg.invalid_penalty and t.outcome.filter_reason in FILTER_REASONS + ("rag_failed",)
     for t in sols:
-        expected = (1.0 / cfg.spam_divisor if t.info["spam"] else 1.0) if t.info["correct"] else 0.0
+        expected = (1.0 / cfg.spam_divisor if t.outcome.spam else 1.0) if t.outcome.correct else 0.0
         assert t.reward == expected
-    assert s["solver/acc"] == sum(t.info["correct"] for t in sols) / len(sols)
+    assert s["solver/acc"] == sum(t.outcome.correct for t in sols) / len(sols)
     assert s["solver/fresh_trajs"] == 3 * n_valid     # this round's own questions, not the pool's
-    assert s["solver/fresh_correct"] == sum(t.info["correct"] for t in sols if not t.info["from_pool"])
+    assert s["solver/fresh_correct"] == sum(t.outcome.correct for t in sols if not t.meta.from_pool)
 
     # each role's searches went to its own backend, and only there
-    assert sorted(per_role["proposer"].queries) == sorted(q for t in props for q in t.info["queries"] if q)
-    assert sorted(per_role["solver"].queries) == sorted(q for t in sols for q in t.info["queries"] if q)
+    assert sorted(per_role["proposer"].queries) == sorted(q for t in props for q in t.queries if q)
+    assert sorted(per_role["solver"].queries) == sorted(q for t in sols for q in t.queries if q)
     assert len(pool) >= 3
 
 
@@ -147,14 +147,14 @@ def _proposer(question, answer, docs, queries, row, stop="question", n=2):
     """A proposer trajectory as the rollout builds it; the token ids are placeholders (scoring never reads them)."""
     return Trajectory("proposer", f"s0-p{row}", [1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0], prompt_len=1,
                       question=question if stop == "question" else "", answer=answer, stop_reason=stop,
-                      num_searches=len(queries), info={"queries": queries, "docs": docs,
-                                                       "meta": {"search_turns": n, "row": row}})
+                      num_searches=len(queries), queries=queries, docs=docs,
+                      meta=GameMeta(search_turns=n, row=row))
 
 
 def _solver(question, answer, response, proposer, gid):
     return Trajectory("solver", gid, [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question=question, answer=answer,
-                      response_text=response, info={"meta": {"proposer": proposer, "from_pool": proposer is None,
-                                                           "source": "pool" if proposer is None else "proposer"}})
+                      response_text=response,
+                      meta=GameMeta(proposer=proposer, source="pool" if proposer is None else "proposer"))
 
 
 @pytest.fixture(scope="module")
@@ -193,11 +193,11 @@ def test_validate_and_score_valid_path(handmade):
     ]
     score(props, reasons, sols, Judge(), cfg)
     assert [t.reward for t in sols] == [1.0, 0.0, 0.25, 0.0, 1.0, 1.0, 1.0, 0.0, 1.0]
-    assert sols[2].info["spam"] and sols[2].info["correct"] and sols[3].info["pred"] is None
+    assert sols[2].outcome.spam and sols[2].outcome.correct and sols[3].outcome.pred is None
     # proposer: 1 - acc over its own group only (the pool question counts for nobody)
     assert props[0].reward == pytest.approx(1 - 2 / 4) and props[3].reward == pytest.approx(1 - 3 / 4)
     assert props[1].reward == props[2].reward == cfg.invalid_penalty
-    assert props[1].info["filter_reason"] == "answer_in_question"
+    assert props[1].outcome.filter_reason == "answer_in_question"
 
     # the curriculum metric counts only the round's own questions: 8 fresh, 5 right (the pool's 1 is apart)
     st = round_stats(props, sols, reasons, verdict, 1, None)
@@ -236,9 +236,9 @@ def test_valid_questions_whose_answer_is_the_first_searchs_doc1_title_are_counte
 
 
 def test_rag_prompt_budget_and_distractors(handmade):
-    own = _flat_docs(handmade[0].info["docs"])
+    own = _flat_docs(handmade[0].docs)
     own_ids = {d["id"] for d in own}
-    other = [d for d in _flat_docs(handmade[3].info["docs"]) if d["id"] not in own_ids]
+    other = [d for d in _flat_docs(handmade[3].docs) if d["id"] not in own_ids]
     assert own and other
     cfg = GameConfig(rag_max_doc_chars=200, rag_max_context_chars=100_000)
     text = rag_prompt("Q?", own, other, cfg, random.Random(0))
@@ -263,7 +263,7 @@ def test_rag_check_policy_verifier(vllm_engine, handmade):
     verdict = rag_check([0, 3], handmade, vllm_engine, Judge(), cfg, random.Random(0))
     assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
     for i in (0, 3):
-        ans = handmade[i].info["rag_answer"]
+        ans = handmade[i].outcome.rag_answer
         assert isinstance(ans, str)
         # the verdict is exact match for an EM-only judge
         assert verdict[i] == bool(exact_match(ans, handmade[i].answer))
@@ -276,7 +276,7 @@ def test_rag_check_judge_verifier_real_server(judge_server, handmade):
     cfg = GameConfig(rag_verifier="judge", rag_distractors=1, rag_max_tokens=16, rag_max_context_chars=2000)
     verdict = rag_check([0, 3], handmade, None, judge, cfg, random.Random(0))
     assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
-    assert all(isinstance(handmade[i].info["rag_answer"], str) for i in (0, 3))
+    assert all(isinstance(handmade[i].outcome.rag_answer, str) for i in (0, 3))
     assert judge.stats["failures"] == 0 and judge.stats["calls"] >= 2
 
 
@@ -361,7 +361,7 @@ def _round(tokenizer, answer, search, judge, rag="off"):
     res = play_round(Scripted(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
-    assert len(props) == 2 and all(t.info["valid"] for t in props) and len(sols) == 4   # 1 + 2 groups
+    assert len(props) == 2 and all(t.outcome.valid for t in props) and len(sols) == 4   # 1 + 2 groups
     return res, props, sols
 
 
@@ -371,8 +371,8 @@ def test_judge_outage_leaves_solver_groups_and_their_proposers_out(tokenizer, bm
     # that read as "wrong": solver reward 0 and proposer reward 1 - 0 = 1, paid for by the outage.
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
     res, props, sols = _round(tokenizer, "Grant", bm25.search, judge)
-    assert all(t.info["judge_failed"] for t in sols)
-    assert all(t.info["excluded"] == "judge_failed" for t in res.trajectories)
+    assert all(t.outcome.judge_failed for t in sols)
+    assert all(t.outcome.excluded == "judge_failed" for t in res.trajectories)
     s = res.stats
     assert (s["game/groups"], s["game/excluded_groups"], s["game/excluded_trajs"]) == (3, 3, 6)
     assert (s["game/excluded/judge_failed"], s["game/excluded/search_failed"]) == (3, 0)
@@ -383,7 +383,7 @@ def test_nothing_failed_nothing_left_out(tokenizer, bm25, dead_url):
     # The same round, answered exactly: the dead judge is never asked, so nothing is left out.
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
     res, props, sols = _round(tokenizer, "Abraham Lincoln", bm25.search, judge)
-    assert all(t.info["excluded"] is None for t in res.trajectories) and res.stats["judge/failures"] == 0
+    assert all(t.outcome.excluded is None for t in res.trajectories) and res.stats["judge/failures"] == 0
     assert (res.stats["game/groups"], res.stats["game/excluded_groups"]) == (3, 0)
     assert [t.reward for t in props] == [0.0, 0.0] and all(t.reward == 1.0 for t in sols)
 
@@ -400,15 +400,15 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
     res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
-    assert len(sols) == 4 and all(t.info["correct"] and t.info["format_reward"] == 0.0 for t in sols)
+    assert len(sols) == 4 and all(t.outcome.correct and t.outcome.format_reward == 0.0 for t in sols)
     assert [t.reward for t in sols] == pytest.approx([0.9] * 4)
-    assert [t.reward for t in props] == [0.0, 0.0] and all("format_reward" not in t.info for t in props)
+    assert [t.reward for t in props] == [0.0, 0.0] and all(t.outcome.format_reward is None for t in props)
     assert res.stats["solver/reward_mean"] == 1.0
     assert {k: res.stats[k] for k in signal_counts(sols)} == signal_counts(sols)
     plain = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
                        GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off", rag_distractors=0),
                        SCRIPT_ROLLOUT, step=0)
-    assert all(t.reward == 1.0 and "format_reward" not in t.info for t in plain.trajectories if t.role == "solver")
+    assert all(t.reward == 1.0 and t.outcome.format_reward is None for t in plain.trajectories if t.role == "solver")
 
 
 @pytest.mark.timeout(120)
@@ -418,8 +418,8 @@ def test_search_outage_leaves_groups_out(tokenizer, bm25):
 
     # the solver's search is down: its groups, and the proposers paid off them, are left out
     res, props, sols = _round(tokenizer, "Abraham Lincoln", {"proposer": bm25.search, "solver": down}, Judge())
-    assert all(t.info["search_failed"] == 1 for t in sols) and all(t.info["search_failed"] == 0 for t in props)
-    assert all(t.info["excluded"] == "search_failed" for t in res.trajectories)
+    assert all(t.search_failed == 1 for t in sols) and all(t.search_failed == 0 for t in props)
+    assert all(t.outcome.excluded == "search_failed" for t in res.trajectories)
     assert (res.stats["game/excluded/search_failed"], res.stats["game/excluded_groups"]) == (3, 3)
 
     # the proposer's search is down: its question is refused (too few searches), and that penalty came from
@@ -430,8 +430,8 @@ def test_search_outage_leaves_groups_out(tokenizer, bm25):
                      SCRIPT_ROLLOUT, pool=pool, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
-    assert all(not t.info["valid"] and t.info["excluded"] == "search_failed" for t in props)
-    assert sols and all(t.info["from_pool"] and t.info["excluded"] is None for t in sols)
+    assert all(not t.outcome.valid and t.outcome.excluded == "search_failed" for t in props)
+    assert sols and all(t.meta.from_pool and t.outcome.excluded is None for t in sols)
     assert (res.stats["game/groups"], res.stats["game/excluded_groups"]) == (1 + 2, 1)
 
 
@@ -441,8 +441,8 @@ def test_rag_check_undecided_leaves_the_proposer_group_out(tokenizer, bm25, dead
     # answerable is unknown, so the proposer's reward is not used. The solvers answered exactly.
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
     res, props, sols = _round(tokenizer, "Lincoln", bm25.search, judge, rag="judge")
-    assert all(t.info["rag"] is None and t.info["excluded"] == "judge_failed" for t in props)
-    assert all(t.info["excluded"] is None for t in sols)
+    assert all(t.outcome.rag is None and t.outcome.excluded == "judge_failed" for t in props)
+    assert all(t.outcome.excluded is None for t in sols)
     assert (res.stats["game/groups"], res.stats["game/excluded_groups"], res.stats["game/rag_unavailable"]) == (3, 1, 2)
 
 
@@ -478,28 +478,28 @@ def test_rag_check_judge_failing_on_a_non_exact_answer_is_undecided(handmade):
         srv.server_close()
     assert verdict == {0: None, 3: None} and judge.stats["failures"] == 2
     assert reasons == [None, "answer_in_question", "no_question", None]
-    assert all(handmade[i].info["rag_answer"] == "Grant" for i in (0, 3))
+    assert all(handmade[i].outcome.rag_answer == "Grant" for i in (0, 3))
 
 
 def test_mark_excluded_groups_and_precedence():
     def sol(gid, proposer, judge_failed=False, search_failed=0):
-        return Trajectory("solver", gid, [1], [1], [-1.0], info={"meta": {"proposer": proposer}, "judge_failed":
-                                                                 judge_failed, "search_failed": search_failed})
+        return Trajectory("solver", gid, [1], [1], [-1.0], meta=GameMeta(proposer=proposer),
+                          outcome=Outcome(judge_failed=judge_failed), search_failed=search_failed)
 
-    props = [Trajectory("proposer", g, [1], [1], [-1.0], info={"search_failed": f, "meta": {"row": 0}})
+    props = [Trajectory("proposer", g, [1], [1], [-1.0], search_failed=f, meta=GameMeta(row=0))
              for g, f in (("p0", 0), ("p0", 0), ("p1", 0), ("p1", 0), ("p2", 1))]
     sols = [sol("q0", 0), sol("q0", 0, search_failed=2),             # proposer 0 <- search_failed; p0 with it
             sol("q1", 2), sol("q1", 2, judge_failed=True, search_failed=1),   # both: judge_failed names it
             sol("q2", None, judge_failed=True),                      # a pool question: no proposer to blame
             sol("q3", 3)]                                             # fine, but proposer 3's group has 2
     counts = mark_excluded(props, sols, verdict={0: True, 2: True, 3: True})
-    assert [t.info["excluded"] for t in props] == ["search_failed", "search_failed", "judge_failed", "judge_failed",
+    assert [t.outcome.excluded for t in props] == ["search_failed", "search_failed", "judge_failed", "judge_failed",
                                                    "search_failed"]
-    assert [t.info["excluded"] for t in sols] == ["search_failed"] * 2 + ["judge_failed"] * 3 + [None]
+    assert [t.outcome.excluded for t in sols] == ["search_failed"] * 2 + ["judge_failed"] * 3 + [None]
     assert counts == {"game/groups": 3 + 4, "game/excluded_groups": 6, "game/excluded_trajs": 10,
                       "game/excluded/judge_failed": 3, "game/excluded/search_failed": 3}
     # an undecided RAG check excludes that proposer's group alone
-    props = [Trajectory("proposer", "p0", [1], [1], [-1.0], info={"meta": {}}) for _ in range(2)]
+    props = [Trajectory("proposer", "p0", [1], [1], [-1.0]) for _ in range(2)]
     assert mark_excluded(props, [], {0: True, 1: None})["game/excluded/judge_failed"] == 1
 
 
@@ -517,13 +517,13 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                      pool=pool, step=0)
     prop = next(t for t in res.trajectories if t.role == "proposer")
-    assert prop.info["valid"]
+    assert prop.outcome.valid
     qcp = qcp_of(prop)
     assert qcp["queries"] == ["Abraham Lincoln president", "Lincoln assassination theatre"]
-    assert [[d["id"] for d in call] for call in qcp["docs"]] == [[str(d["id"]) for d in call] for call in prop.info["docs"]]
+    assert [[d["id"] for d in call] for call in qcp["docs"]] == [[str(d["id"]) for d in call] for call in prop.docs]
     assert all(len(d["contents"]) <= QCP_DOC_CHARS for call in qcp["docs"] for d in call) and qcp["docs"][0]
     for t in (t for t in res.trajectories if t.role == "solver"):
-        assert t.info["meta"]["qcp"] == qcp
+        assert t.meta.qcp == qcp
     torch.save({"pool": pool.to_list()}, tmp_path / "state.pt")
     back = QuestionPool.from_list(torch.load(tmp_path / "state.pt", weights_only=True)["pool"], 8)
     assert back.to_list() == pool.to_list() and back.to_list()[0]["qcp"] == qcp
@@ -531,9 +531,9 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     leaky = Scripted(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
     res2 = play_round(leaky, [ProposerRow(["Ford's Theatre"], 2)], bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                       pool=back, step=1)
-    assert next(t for t in res2.trajectories if t.role == "proposer").info["filter_reason"] == "answer_in_question"
+    assert next(t for t in res2.trajectories if t.role == "proposer").outcome.filter_reason == "answer_in_question"
     filled = [t for t in res2.trajectories if t.role == "solver"]
-    assert filled and all(t.info["meta"]["source"] == "pool" and t.info["meta"]["qcp"] == qcp for t in filled)
+    assert filled and all(t.meta.source == "pool" and t.meta.qcp == qcp for t in filled)
 
 
 @pytest.mark.timeout(120)
@@ -551,20 +551,20 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
         res = play_round(Scripted(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                          pool=pool, step=3)
         props = [t for t in res.trajectories if t.role == "proposer"]
-        assert [t.info["valid"] for t in props] == [True, False]
+        assert [t.outcome.valid for t in props] == [True, False]
         # the pool was empty when the round drew its fills: the invalid slot stays empty, nothing is re-asked
         assert res.stats["game/pool_fills"] == 0
-        assert all(t.info["meta"]["source"] == "proposer" for t in res.trajectories if t.role == "solver")
+        assert all(t.meta.source == "proposer" for t in res.trajectories if t.role == "solver")
         assert res.stats["game/pool_admitted"] == len(pool) == res.stats["game/pool_size"]
         return props[0], pool
 
     prop, pool = play("Abraham Lincoln")                                   # every solver right: s = 1
-    assert prop.info["solver_acc"] == 1.0 and prop.info["pool_admitted"]
+    assert prop.outcome.solver_acc == 1.0 and prop.outcome.pool_admitted
     assert pool.to_list() == [{"question": q, "answer": ["Abraham Lincoln", "Lincoln"], "step": 3, "qcp": qcp_of(prop),
                                "solve_rate": 1.0}]
     prop, pool = play("Abraham Lincoln", pool_max_solve_rate=0.5)         # s = 1 > max: stays out
-    assert not prop.info["pool_admitted"] and len(pool) == 0
+    assert not prop.outcome.pool_admitted and len(pool) == 0
     prop, pool = play("Grant")                                             # every solver wrong: s = 0
-    assert prop.info["solver_acc"] == 0.0 and [it["solve_rate"] for it in pool.to_list()] == [0.0]
+    assert prop.outcome.solver_acc == 0.0 and [it["solve_rate"] for it in pool.to_list()] == [0.0]
     prop, pool = play("Grant", pool_min_solve_rate=0.5)                    # s = 0 < min: stays out
-    assert not prop.info["pool_admitted"] and len(pool) == 0
+    assert not prop.outcome.pool_admitted and len(pool) == 0

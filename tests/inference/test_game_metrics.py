@@ -14,7 +14,7 @@ from inference.game import (COUNT_KEYS, GameConfig, answer_in_text, is_count, no
 from inference.game_metrics import round_stats
 from inference.judge import Judge
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Outcome, Trajectory
 
 Q = "Which city on the river Seine hosted the Summer Olympic Games in the year 1900?"
 
@@ -26,16 +26,15 @@ def page(title: str, text: str) -> dict:
 def prop(question="", answer="Paris", docs=(), queries=("Paris city", "Olympics 1900"), row=0, stop="question", cap=""):
     return Trajectory("proposer", f"s0-p{row}", [1, 2], [0, 1], [0.0, -1.0], question=question, answer=answer,
                       stop_reason=stop, num_searches=len(queries),
-                      info={"queries": list(queries), "docs": [list(c) for c in docs], "cap": cap,
-                            "meta": {"search_turns": 2, "row": row}})
+                      queries=list(queries), docs=[list(c) for c in docs], cap=cap,
+                      meta=GameMeta(search_turns=2, row=row))
 
 
 def sol(gid: str, correct: bool, source="proposer", proposer=0, reward=None):
     t = Trajectory("solver", gid, [1, 2], [0, 1], [0.0, -0.5], question=Q, answer="Paris",
                    reward=float(correct) if reward is None else reward,
-                   info={"correct": correct, "spam": False, "judge_failed": False,
-                         "meta": {"proposer": proposer if source == "proposer" else None, "source": source,
-                                  "from_pool": source == "pool"}})
+                   outcome=Outcome(correct=correct, spam=False, judge_failed=False),
+                   meta=GameMeta(proposer=proposer if source == "proposer" else None, source=source))
     return t
 
 
@@ -70,11 +69,11 @@ def test_the_rollout_says_which_cap_cut_a_turn(smollm2_dir):
     req = RolloutRequest("proposer", "g", prompt, answer="Paris")
     # the turn's own cap: 8 of 8 tokens used, far from the total budget
     (t,) = run_rollouts(_Babbler(tok), [req], None, RolloutConfig(max_turns=2, max_tokens_per_turn=8))
-    assert (t.stop_reason, t.info["cap"], no_question_why(t)) == ("max_tokens", "turn", "turn_cap")
+    assert (t.stop_reason, t.cap, no_question_why(t)) == ("max_tokens", "turn", "turn_cap")
     # the total budget: room for 3 tokens though a turn may take 8
     cfg = RolloutConfig(max_turns=2, max_tokens_per_turn=8, max_total_tokens=len(prompt) + 3)
     (t,) = run_rollouts(_Babbler(tok), [req], None, cfg)
-    assert (t.stop_reason, t.info["cap"], no_question_why(t)) == ("max_tokens", "total", "total_cap")
+    assert (t.stop_reason, t.cap, no_question_why(t)) == ("max_tokens", "total", "total_cap")
     assert t.num_sampled == 3
 
 
@@ -88,7 +87,7 @@ def test_informative_groups_are_the_ones_whose_rewards_differ():
     assert (got["game/solver_groups"], got["game/informative_groups"]) == (5, 3)
     assert [(got[f"game/solver_groups/{s}"], got[f"game/informative_groups/{s}"]) for s in ("fresh", "pool", "qa")] \
         == [(3, 1), (1, 1), (1, 1)]
-    sols[0].info["excluded"] = "judge_failed"                    # a group left out of the loss carries nothing
+    sols[0].outcome.excluded = "judge_failed"                    # a group left out of the loss carries nothing
     assert signal_counts(sols)["game/informative_groups/fresh"] == 0
 
 
@@ -153,9 +152,9 @@ def test_a_rollout_record_is_json_and_says_why(tmp_path):
 
     docs = [[page("Paris", "Capital of France.")], [page("1900 Summer Olympics", "Held in Paris.")]]
     p = prop("", "Paris", docs, stop="max_tokens", cap="turn")
-    p.info.update(filter_reason="no_question", valid=False)
+    p.outcome.filter_reason, p.outcome.valid = "no_question", False
     s = sol("s0-q0", True)
-    s.info.update(pred="Paris", excluded=None)
+    s.outcome.pred, s.outcome.excluded = "Paris", None
     write_jsonl_atomic(tmp_path / "r.jsonl", [rollout_record(p), rollout_record(s)])
     a, b = [json.loads(x) for x in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert (a["role"], a["no_question"], a["cap"], a["filter_reason"]) == ("proposer", "turn_cap", "turn", "no_question")

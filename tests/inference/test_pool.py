@@ -16,24 +16,23 @@ import pytest
 from inference.game import (SEED_STEP, GameConfig, QuestionPool, admit_to_pool, is_count, mark_excluded,
                             pool_clear_due, score)
 from inference.judge import Judge
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Trajectory
 
 RATES = (0.0, 0.25, 0.5, 1.0)   # right answers out of G_s = 4, one question each
 
 
 def _round(rates=RATES, excluded=()):
     """Valid proposer trajectories, one per rate, and G_s = 4 solver answers each with that share right; scored by
-    score() (exact match), so info["solver_acc"] is the game's own. `excluded`: questions whose solver search failed."""
+    score() (exact match), so outcome.solver_acc is the game's own. `excluded`: questions whose solver search failed."""
     props, sols = [], []
     for i, s in enumerate(rates):
         q = f"Which number did the puzzle number {i} in this hand-made round ask for here?"
         props.append(Trajectory("proposer", f"s0-p{i}", [1, 2], [0, 1], [0.0, -1.0], question=q, answer=f"n{i}",
-                                stop_reason="question", info={"meta": {"row": i}}))
+                                stop_reason="question", meta=GameMeta(row=i)))
         for k in range(4):
             sols.append(Trajectory("solver", f"s0-q{i}", [1, 2], [0, 1], [0.0, -0.5], question=q, answer=f"n{i}",
                                    response_text=f"<answer> {f'n{i}' if k < round(4 * s) else 'wrong'} </answer>",
-                                   info={"meta": {"proposer": i, "from_pool": False, "source": "proposer"},
-                                         "search_failed": int(i in excluded)}))
+                                   meta=GameMeta(proposer=i, source="proposer"), search_failed=int(i in excluded)))
     score(props, [None] * len(props), sols, Judge(), GameConfig(rag_verifier="off"))
     mark_excluded(props, sols, {i: True for i in range(len(props))})
     return props, sols
@@ -41,11 +40,11 @@ def _round(rates=RATES, excluded=()):
 
 def _admit(cfg, rates=RATES, excluded=()):
     props, sols = _round(rates, excluded)
-    assert [t.info["solver_acc"] for t in props] == list(rates)          # the hand-made rates, as score() read them
+    assert [t.outcome.solver_acc for t in props] == list(rates)          # the hand-made rates, as score() read them
     pool = QuestionPool(16, seed=0)
     n = admit_to_pool(pool, props, sols, range(len(props)), {i: {"queries": [f"q{i}"], "docs": []}
                                                               for i in range(len(props))}, cfg, step=6)
-    assert n == len(pool) == sum(t.info["pool_admitted"] for t in props)
+    assert n == len(pool) == sum(t.outcome.pool_admitted for t in props)
     return [it["solve_rate"] for it in pool.to_list()], pool
 
 
@@ -75,7 +74,7 @@ def test_a_question_the_pool_holds_is_not_admitted_twice():
     props[1].question = props[0].question.upper()                      # the same after normalising
     pool = QuestionPool(16, seed=0)
     assert admit_to_pool(pool, props, sols, [0, 1], {0: {}, 1: {}}, GameConfig(rag_verifier="off"), 0) == 1
-    assert [t.info["pool_admitted"] for t in props] == [True, False] and len(pool) == 1
+    assert [t.outcome.pool_admitted for t in props] == [True, False] and len(pool) == 1
 
 
 def test_the_window_is_checked():

@@ -15,7 +15,7 @@ from inference.game import GameConfig, rag_check, solver_view
 from inference.judge import Judge
 from inference.prompts import build_solver_prompt
 from inference.rollout import INFO_OPEN, RolloutConfig, RolloutRequest, run_rollouts
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Trajectory
 
 Q = "Which city on the river Seine hosted the Summer Olympic Games in the year 1900?"
 
@@ -45,7 +45,7 @@ class Searcher:
 def _proposer(row, queries, docs, question=Q):
     return Trajectory("proposer", f"s0-p{row}", [1, 2], [0, 1], [0.0, -1.0], question=question, answer="Paris",
                       stop_reason="question", num_searches=len(queries),
-                      info={"queries": queries, "docs": docs, "meta": {"search_turns": 2, "row": row}})
+                      queries=queries, docs=docs, meta=GameMeta(search_turns=2, row=row))
 
 
 def test_the_verifier_reads_exactly_the_solvers_rollout(tok, bm25):
@@ -97,7 +97,7 @@ def test_policy_verdicts_follow_the_reply_and_the_prompt_is_the_solver_view(tok,
     cfg = GameConfig(rag_verifier="policy", rag_distractors=1, rag_max_tokens=16)
     eng = Answerer(tok, "<think> Doc 1 says so. </think>\n<answer> Paris </answer>")
     verdict = rag_check([0], props, eng, Judge(), cfg, random.Random(0), max_info_tokens=96)
-    assert verdict == {0: True} and props[0].info["rag_answer"] == "Paris"
+    assert verdict == {0: True} and props[0].outcome.rag_answer == "Paris"
     (prompt,) = eng.seen
     assert prompt[:len(build_solver_prompt(tok, Q))] == build_solver_prompt(tok, Q)
     assert "<search> Amazon river </search>" in tok.decode(prompt)    # the other row's searches are the distractors

@@ -136,10 +136,10 @@ def test_two_turn_loss_mask_token_by_token(tiny, bm25):
     assert all(lp < 0 for lp in o1.logprobs + o2.logprobs)  # real log-probs, not placeholders
     assert tr.prompt_len == len(prompt)
     assert (tr.stop_reason, tr.num_turns, tr.num_searches) == ("answer", 2, 1)
-    assert tr.info["queries"] == ["capital of France"] and tr.info["docs"] == [docs]
-    assert tr.info["docs"][0][0]["id"] == "0"  # BM25 found the Paris page
-    assert tr.info["search_failed"] == 0
-    assert tr.info["final_action"] == {"kind": "answer", "content": "Paris"}
+    assert tr.queries == ["capital of France"] and tr.docs == [docs]
+    assert tr.docs[0][0]["id"] == "0"  # BM25 found the Paris page
+    assert tr.search_failed == 0
+    assert tr.final_action == {"kind": "answer", "content": "Paris"}
     assert tr.question == "What is the capital of France?" and tr.answer == ["Paris"]
     assert tr.response_text.endswith("<answer> Paris </answer>") and "</information>" in tr.response_text
     # the turn samplings: both stop strings of the solver, budgets from the config
@@ -179,7 +179,7 @@ def test_search_failure_is_counted_and_the_trajectory_continues(tiny):
                        RolloutConfig())
     block = info_block_tokens(tok, SEARCH_FAILED_TEXT, 512)
     for p, t in zip(prompts, trs):
-        assert t.info["search_failed"] == 1 and t.info["docs"] == [[]] and t.info["queries"] == ["something"]
+        assert t.search_failed == 1 and t.docs == [[]] and t.queries == ["something"]
         assert (t.stop_reason, t.num_turns) == ("answer", 2)
         start = len(p) + len(_enc(tok, "<search>something</search>"))
         assert t.token_ids[start: start + len(block)] == block and t.loss_mask[start: start + len(block)] == [0] * len(block)
@@ -190,7 +190,7 @@ def test_search_failure_is_counted_and_the_trajectory_continues(tiny):
     eng = _engine(tiny, {tuple(p): ["<search>x</search>", "<answer>a</answer>"] for p in prompts})
     trs = run_rollouts(eng, [RolloutRequest("solver", str(i), p) for i, p in enumerate(prompts)], wrong_length,
                        RolloutConfig())
-    assert [t.info["search_failed"] for t in trs] == [1, 1]
+    assert [t.search_failed for t in trs] == [1, 1]
 
 
 def test_overshooting_stop_token_is_kept_verbatim(tiny, bm25):
@@ -202,7 +202,7 @@ def test_overshooting_stop_token_is_kept_verbatim(tiny, bm25):
     (tr,) = run_rollouts(eng, [RolloutRequest("solver", "g", prompt)], bm25.search, RolloutConfig())
     sampled = _enc(tok, "<search>Vienna</search") + [overshoot]
     assert tr.token_ids[len(prompt): len(prompt) + len(sampled)] == sampled
-    assert tr.info["queries"] == ["Vienna"] and tr.stop_reason == "answer"
+    assert tr.queries == ["Vienna"] and tr.stop_reason == "answer"
 
 
 def test_no_tool_empty_query_and_budgets(tiny, bm25):
@@ -213,7 +213,7 @@ def test_no_tool_empty_query_and_budgets(tiny, bm25):
     (t,) = run_rollouts(eng, [RolloutRequest("solver", "g", p)], None, RolloutConfig())
     assert eng.calls[0][1][0].stop == ["</answer>"]
     assert (t.stop_reason, t.num_turns, t.num_searches) == ("answer", 1, 0)
-    assert t.info["final_action"] == {"kind": "answer", "content": "y"} and t.loss_mask[len(p):] == [1] * (
+    assert t.final_action == {"kind": "answer", "content": "y"} and t.loss_mask[len(p):] == [1] * (
         len(t.token_ids) - len(p))
     # a stop string without a usable action
     eng = _engine(tiny, {tuple(p): ["oops </search>"]})
@@ -272,8 +272,8 @@ def test_self_search_masks_the_models_own_information(tiny):
     assert tok.decode(masked) == "><information>I recall: Paris is the capital.</information><"
     assert tok.decode(kept) == "<search>capital of France</searchanswer>Paris</answer>"
     assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if m == 0)
-    assert t.info["queries"] == ["capital of France"] and (t.stop_reason, t.num_turns) == ("answer", 1)
-    assert "Paris is the capital" in t.info["docs"][0][0]["contents"]
+    assert t.queries == ["capital of France"] and (t.stop_reason, t.num_turns) == ("answer", 1)
+    assert "Paris is the capital" in t.docs[0][0]["contents"]
     with pytest.raises(ValueError, match="self_search"):
         run_rollouts(eng, [RolloutRequest("solver", "g", p)], lambda q, k: [], RolloutConfig(self_search=True))
 
@@ -350,10 +350,10 @@ def test_real_multi_turn_rollout_invariants(smollm2_vllm, bm25):
                 if t.token_ids[pos: pos + len(empty)] == empty:  # "<search></search>" gets a note, not a search
                     block = empty
                 else:
-                    block = info_block_tokens(tok, format_docs(t.info["docs"][k]), cfg.max_info_tokens)
+                    block = info_block_tokens(tok, format_docs(t.docs[k]), cfg.max_info_tokens)
                     k += 1
                 assert t.token_ids[pos: pos + len(block)] == block and set(t.loss_mask[pos: pos + len(block)]) == {0}
                 pos += len(block)
-        assert pos == n and len(turns) == t.num_turns and k == t.num_searches == len(t.info["queries"])
-        for q, docs in zip(t.info["queries"], t.info["docs"]):
+        assert pos == n and len(turns) == t.num_turns and k == t.num_searches == len(t.queries)
+        for q, docs in zip(t.queries, t.docs):
             assert docs == bm25.search([q], cfg.topk)[0]

@@ -156,7 +156,7 @@ def test_self_written_information_is_masked_token_by_token(tiny, name):
     assert "<information>" not in kept_text and "</information>" not in kept_text
     n_blocks = text.count("<information>")
     assert (0 in sampled_mask) == (n_blocks > 0)
-    assert len(t.info["docs"]) == n_blocks and t.num_searches == text.count("<search>")
+    assert len(t.docs) == n_blocks and t.num_searches == text.count("<search>")
 
 
 def _replayed_logprobs(model, prompt, gen):
@@ -211,7 +211,7 @@ def test_real_model_self_search_mask(smollm2_dir):
         assert all(lp == 0.0 for lp, m in zip(t.logprobs, t.loss_mask) if m == 0)
         kept = [lp for lp, m in zip(t.logprobs, t.loss_mask) if m == 1]
         assert all(lp <= 0.0 for lp in kept) and sum(kept) < 0  # real log-probs, not placeholders
-        blocks += len(t.info["docs"])
+        blocks += len(t.docs)
     assert blocks >= 2, [t.response_text for t in trs]
 
 

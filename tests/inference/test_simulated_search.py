@@ -138,8 +138,8 @@ def test_drops_into_the_rollout_loop(tiny_model_dir):
     policy = Replay(tok, ["<search> Hamlet author </search>", "<answer> Shakespeare </answer>"])
     (t,) = run_rollouts(policy, [RolloutRequest("solver", "g", prompt, question="Who wrote Hamlet?")], sim.search,
                         RolloutConfig(topk=2, max_info_tokens=256))
-    assert t.stop_reason == "answer" and t.num_searches == 1 and t.info["search_failed"] == 0
-    (docs,) = t.info["docs"]
+    assert t.stop_reason == "answer" and t.num_searches == 1 and t.search_failed == 0
+    (docs,) = t.docs
     assert len(docs) == 2 and all(d["simulated"] == "noisy" and d["id"].startswith("sim-") for d in docs)
     block = tok(INFO_OPEN, add_special_tokens=False)["input_ids"] + tok(format_docs(docs), add_special_tokens=False)[
         "input_ids"] + tok(INFO_CLOSE, add_special_tokens=False)["input_ids"]

@@ -320,4 +320,4 @@ def test_an_outage_is_a_failed_search_in_the_rollout(hf_engine):
     (t,) = run_rollouts(Replay(["<search> Hamlet author </search>", "<answer> x </answer>"]),
                         [RolloutRequest("solver", "g", prompt, question="Who wrote Hamlet?")], sim.search,
                         RolloutConfig(topk=2, max_info_tokens=64))
-    assert t.info["search_failed"] == 1 and SEARCH_FAILED_TEXT.strip() in t.response_text
+    assert t.search_failed == 1 and SEARCH_FAILED_TEXT.strip() in t.response_text

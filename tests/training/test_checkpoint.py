@@ -47,21 +47,21 @@ def _mark(path: Path, run: str | None, files=("x",)) -> Path:
 
 
 def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
-    from training import checkpoint as C
+    from training import run_folder as RF
     from training.config import ConfigError
 
     out = tmp_path / "run"
-    rid = C.claim_output_dir(out, _cfg())
+    rid = RF.claim_output_dir(out, _cfg())
     assert json.loads((out / "config.json").read_text()) == _cfg()
     assert (out / "checkpoints/run_id").read_text().strip() == rid
     # operational fields may change: the same run goes on, with the same id, and config.json follows
     later = _cfg(optimisation__total_steps=500, logging__log_every=7, eval__eval_every=3, checkpointing__save_every=1,
                  checkpointing__max_ckpts=9, deepspeed__local_rank=1, rollout__kv_cache_mb=512)
-    assert C.claim_output_dir(out, later) == rid
+    assert RF.claim_output_dir(out, later) == rid
     assert json.loads((out / "config.json").read_text())["optimisation"]["total_steps"] == 500
     # a run-defining field differs: refused, naming the field with both values and both ways out
     with pytest.raises(ConfigError) as e:
-        C.claim_output_dir(out, _cfg(optimisation__lr=2e-5, selfplay__solver_n=8))
+        RF.claim_output_dir(out, _cfg(optimisation__lr=2e-5, selfplay__solver_n=8))
     msg = str(e.value)
     assert "optimisation.lr: 1e-06" in msg and "-> 2e-05" in msg and "selfplay.solver_n: 5" in msg and "-> 8" in msg
     assert "--overwrite true" in msg and "pick another --output_dir" in msg
@@ -77,10 +77,10 @@ def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
     (out / "metrics.jsonl").write_text("{}\n")
     (out / "notes.md").write_text("the user's own notes\n")
     with pytest.raises(ConfigError, match="--resume none would start over"):
-        C.claim_output_dir(out, _cfg(checkpointing__resume="none"))
+        RF.claim_output_dir(out, _cfg(checkpointing__resume="none"))
     assert (root / "step_000002").is_dir()
     # --overwrite starts over: this run's checkpoints and logs go, everything else stays
-    new = C.claim_output_dir(out, _cfg(optimisation__lr=2e-5, checkpointing__overwrite=True))
+    new = RF.claim_output_dir(out, _cfg(optimisation__lr=2e-5, checkpointing__overwrite=True))
     assert new != rid and (root / "run_id").read_text().strip() == new
     assert sorted(p.name for p in root.iterdir()) == ["run_id", "step_000007"]
     assert (root / "step_000007/mine.txt").exists() and (out / "notes.md").exists() and not (out / "metrics.jsonl").exists()
@@ -91,21 +91,21 @@ def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
     _mark(other / "checkpoints/step_000004", None)
     (other / "checkpoints/latest").write_text("step_000004\n")
     with pytest.raises(ConfigError, match="holds checkpoints but no config.json"):
-        C.claim_output_dir(other, _cfg())
+        RF.claim_output_dir(other, _cfg())
 
 
 def test_config_diff_fields_missing_from_an_old_config_count_as_defaults():
-    from training import checkpoint as C
+    from training import run_state as RS
 
     old = _cfg()
     del old["checkpointing"]["overwrite"], old["algorithm"]["ppo_epochs"]
-    assert C.config_diff(old, _cfg()) == {}
-    assert C.config_diff(old, _cfg(algorithm__ppo_epochs=2)) == {"algorithm.ppo_epochs": (1, 2)}
+    assert RS.config_diff(old, _cfg()) == {}
+    assert RS.config_diff(old, _cfg(algorithm__ppo_epochs=2)) == {"algorithm.ppo_epochs": (1, 2)}
     # every operational key names a real field
     from utils.trackers import flat
 
     keys = set(flat(_cfg()))
-    assert C.OPERATIONAL <= keys, C.OPERATIONAL - keys
+    assert RS.OPERATIONAL <= keys, RS.OPERATIONAL - keys
 
 
 @pytest.mark.timeout(300)
@@ -215,7 +215,7 @@ def test_shard_writer_streams_tensors_in_any_order_into_valid_safetensors(tmp_pa
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import load_file
 
-    from training import checkpoint as C
+    from training import hf_export as H
 
     g = torch.Generator().manual_seed(0)
     sd = {"a.weight": torch.randn(64, 32, generator=g), "b.weight": torch.randn(33, 7, generator=g).bfloat16(),
@@ -224,7 +224,7 @@ def test_shard_writer_streams_tensors_in_any_order_into_valid_safetensors(tmp_pa
     metas = {k: torch.empty(v.shape, dtype=v.dtype, device="meta") for k, v in sd.items()}
     plan = split_torch_state_dict_into_shards(metas, filename_pattern="model{suffix}.safetensors", max_shard_size=4000)
     assert plan.is_sharded
-    w = C._ShardWriter(tmp_path, plan.filename_to_tensors, metas)
+    w = H._ShardWriter(tmp_path, plan.filename_to_tensors, metas)
     for k in random.Random(1).sample(sorted(sd), len(sd)):
         w.write(k, sd[k])
     w.close()
@@ -232,7 +232,7 @@ def test_shard_writer_streams_tensors_in_any_order_into_valid_safetensors(tmp_pa
     assert back.keys() == sd.keys()
     assert all(back[k].dtype == sd[k].dtype and torch.equal(back[k], sd[k]) for k in sd)
     with pytest.raises(RuntimeError, match="planned as"):
-        C._ShardWriter(tmp_path, plan.filename_to_tensors, metas).write("a.weight", torch.zeros(2))
+        H._ShardWriter(tmp_path, plan.filename_to_tensors, metas).write("a.weight", torch.zeros(2))
 
 
 # ----------------------------------------------------------------------------- killed mid-save
@@ -301,7 +301,7 @@ def export_worker(out: Path, model: Path) -> None:
     import deepspeed
     from safetensors.torch import save_file
 
-    from training import checkpoint as C
+    from training import hf_export as H
     from training.config import Config
     from training.engine_builder import build_engines
 
@@ -312,7 +312,7 @@ def export_worker(out: Path, model: Path) -> None:
     ids = (torch.arange(1, 49)[None] * 37) % 5000
     actor.backward(actor(input_ids=ids, labels=ids, use_cache=False).loss)
     actor.step()
-    C.export_hf(actor.module, model, out / "hf", max_shard_size=MAX_SHARD)
+    H.export_hf(actor.module, model, out / "hf", max_shard_size=MAX_SHARD)
     params = list(actor.module.named_parameters())
     with deepspeed.zero.GatheredParameters([p for _, p in params]):
         if D.is_main():
@@ -325,7 +325,7 @@ def export_worker(out: Path, model: Path) -> None:
             lin = torch.nn.Linear(7, 3)
         for name, p in lin.named_parameters():
             assert p.ds_tensor.numel() * 2 > p.ds_numel, "partitioned, the last partition padded"
-            got = C._gather_to_main(p)
+            got = H._gather_to_main(p)
             with deepspeed.zero.GatheredParameters([p]):
                 if D.is_main():
                     odd[f"{dtype}_{name}"] = bool(torch.equal(got, p.data)) and got.shape == p.shape

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Trajectory
 from training.config import Config
 from training.contrast import apply_contrast, contrast_logprobs, wrong_paths
 from training.self_distill import dense_term
@@ -62,7 +62,7 @@ def solver(tok, question, seed=0, qcp="table", group=None) -> Trajectory:
     lps = [(-torch.rand(1, generator=g).item() if m else 0.0) for m in mask]
     return Trajectory("solver", group or f"s0-q{list(TABLE).index(question)}", ids, mask, lps, prompt_len=len(prompt),
                       question=question, answer=answer,
-                      info={"meta": {"qcp": path if qcp == "table" else qcp, "source": "proposer"}})
+                      meta=GameMeta(qcp=path if qcp == "table" else qcp, source="proposer"))
 
 
 def step_trajs(tok) -> list[Trajectory]:
@@ -138,7 +138,7 @@ def test_wrong_path_is_another_questions_never_its_own_and_deterministic(tok):
     for step in range(12):
         wrong = wrong_paths(trajs, False, (), seed=3, step=step)
         for t, w in zip(trajs, wrong):
-            if t.role != "solver" or not t.info["meta"]["qcp"]:
+            if t.role != "solver" or not t.meta.qcp:
                 assert w is None
                 continue
             assert w is not None and w["question"] != t.question          # never the trajectory's own
@@ -181,7 +181,7 @@ def test_a_rank_with_one_question_takes_a_pool_path_or_gets_none(tok):
 def test_both_teachers_and_the_advantages_match_plain_torch(tok, models):
     packed, eager = models
     trajs = step_trajs(tok)
-    n_solver_qcp = sum(1 for t in trajs if t.role == "solver" and t.info["meta"]["qcp"])
+    n_solver_qcp = sum(1 for t in trajs if t.role == "solver" and t.meta.qcp)
     step, beta = 5, 0.3
     cfg = contrast_cfg(beta_seed=1)
     wrong = wrong_paths(trajs, False, (), cfg.optimisation.seed, step)
@@ -231,7 +231,7 @@ def test_both_teachers_and_the_advantages_match_plain_torch(tok, models):
     assert met["distill/coverage"] == pytest.approx(n_both / n_solver) and met["distill/beta"] == beta
     assert 0 < n_both < n_solver                           # the QA row has no teacher and counts out
     i = next(iter(ref))
-    ctx = trajs[i].info["teacher_context"]                 # samples/ shows both blocks
+    ctx = trajs[i].teacher_context                 # samples/ shows both blocks
     assert ctx.startswith(blocks[i]) and ctx.endswith(wblocks[i]) and "the wrong one" in ctx
 
 
@@ -242,8 +242,8 @@ def test_identical_blocks_give_exactly_zero(tok, models):
     the advantages come back exactly, through the packed forward too."""
     packed, eager = models
     trajs = step_trajs(tok)
-    own = [{"question": t.question, "answer": t.answer, "qcp": t.info["meta"]["qcp"]}
-           if t.role == "solver" and t.info["meta"]["qcp"] else None for t in trajs]
+    own = [{"question": t.question, "answer": t.answer, "qcp": t.meta.qcp}
+           if t.role == "solver" and t.meta.qcp else None for t in trajs]
     adv = [torch.randn(len(t.token_ids), generator=torch.Generator().manual_seed(i)) for i, t in enumerate(trajs)]
     old = [torch.tensor(t.logprobs) for t in trajs]
     plain = lambda seqs: [plain_logprobs(eager, s.token_ids) for s in seqs]   # noqa: E731
@@ -320,7 +320,7 @@ def test_no_wrong_path_means_no_term_and_is_counted(tok):
     met = finish_metrics(sums, 0.5)
     assert met["distill/contrast_coverage"] == 0.0 and met["distill/with_contrast"] == 0
     assert met["distill/coverage"] == 1.0 and met["distill/contrast_gap"] != met["distill/contrast_gap"]   # NaN
-    assert "the wrong one" not in trajs[0].info["teacher_context"]
+    assert "the wrong one" not in trajs[0].teacher_context
 
 
 def test_the_trainers_distill_step_runs_contrast(tok, models):

@@ -257,7 +257,7 @@ def test_retriever_on_the_training_gpus_adds_to_both_phases():
 
 
 def test_retriever_gpu_gb_may_change_on_resume():
-    from training.checkpoint import OPERATIONAL
+    from training.run_state import OPERATIONAL
     assert {"deepspeed.retriever_gpu_gb", "deepspeed.gpu_memory_gb"} <= OPERATIONAL
 
 

@@ -320,38 +320,38 @@ def test_self_search_shaping_rewrites_the_solver_rewards_the_loss_reads():
     """The trainer's SSRL shaping sets each solver trajectory's reward to 0.9 * correct + 0.1 * format
     (a well-formed wrong answer earns 0.1, a malformed right one 0.9); proposer rewards are left alone."""
     from inference.self_search import shape_solver_rewards
-    from inference.trajectory import Trajectory
+    from inference.trajectory import Outcome, Trajectory
 
     good = "<think>look it up</think><search>capital of France</search><information>Paris is the capital." \
            "</information><think>so</think><answer>Paris</answer>"
     def traj(role, text, correct, reward):  # noqa: E306
         return Trajectory(role, "g", [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question="q", answer="Paris",
-                          response_text=text, reward=reward, info={"correct": correct})
+                          response_text=text, reward=reward, outcome=Outcome(correct=correct))
     trajs = [traj("solver", good, 0.0, 0.0), traj("solver", "Paris", 1.0, 1.0), traj("solver", good, 1.0, 1.0),
              traj("proposer", good, 0.0, -1.0)]
     shape_solver_rewards(trajs)
     assert [t.reward for t in trajs] == pytest.approx([0.1, 0.9, 1.0, -1.0])
-    assert [t.info.get("format_reward") for t in trajs] == [1.0, 0.0, 1.0, None]
+    assert [t.outcome.format_reward for t in trajs] == [1.0, 0.0, 1.0, None]
 
 
 def test_self_search_shaping_keeps_the_spam_penalty():
     """game.score divides a spammed answer's reward by GameConfig.spam_divisor (recorded as
-    info["spam"]); the SSRL shaping that replaces the reward must keep that division: a spammed
+    outcome.spam); the SSRL shaping that replaces the reward must keep that division: a spammed
     right answer earns (0.9 + 0.1 * format) / 4, not 0.9."""
     from inference.game import GameConfig
     from inference.rewards import is_answer_spam
     from inference.self_search import shape_solver_rewards
-    from inference.trajectory import Trajectory
+    from inference.trajectory import Outcome, Trajectory
 
     clean = "<think>so</think><answer>Paris</answer>"
     spammed = "<think>so</think><answer><answer>Paris</answer>"
     assert is_answer_spam(spammed) and not is_answer_spam(clean)
-    def traj(text, correct):  # noqa: E306  (info as inference.game.score writes it)
+    def traj(text, correct):  # noqa: E306  (the outcome as inference.game.score writes it)
         return Trajectory("solver", "g", [1, 2], [0, 1], [0.0, -0.5], prompt_len=1, question="q", answer="Paris",
-                          response_text=text, reward=1.0, info={"correct": correct, "spam": is_answer_spam(text)})
+                          response_text=text, reward=1.0, outcome=Outcome(correct=correct, spam=is_answer_spam(text)))
     trajs = [traj(spammed, 1.0), traj(clean, 1.0), traj(spammed, 0.0)]
     shape_solver_rewards(trajs)
-    fmt = [t.info["format_reward"] for t in trajs]
+    fmt = [t.outcome.format_reward for t in trajs]
     assert fmt == [0.0, 1.0, 0.0]
     assert GameConfig.spam_divisor == 4.0
     assert [t.reward for t in trajs] == pytest.approx([0.9 / 4, 1.0, 0.0])

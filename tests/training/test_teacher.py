@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
-from inference.trajectory import Trajectory
+from inference.trajectory import GameMeta, Trajectory
 from training.self_distill import dense_term
 from training.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
                               teacher_trajectory)
@@ -39,7 +39,7 @@ def solver(tok, qcp=QCP, question=QUESTION, source="proposer", seed=0) -> Trajec
     mask = [0] * len(prompt) + [1] * len(turn1) + [0] * len(info) + [1] * len(turn2)
     lps = [(-torch.rand(1, generator=g).item() if m else 0.0) for m in mask]
     return Trajectory("solver", "s0-q0", ids, mask, lps, prompt_len=len(prompt), question=question, answer=["Seine"],
-                      info={"meta": {"qcp": qcp, "source": source}})
+                      meta=GameMeta(qcp=qcp, source=source))
 
 
 def test_who_gets_a_teacher(tok):
@@ -143,7 +143,7 @@ def test_dense_term_is_the_trainers_wiring_of_each_mode(tok, mode):
     else:
         assert isinstance(term, TopKTerm) and term.beta == 0.25 and term.k == 3
         assert new is adv and sums == coverage_sums(trajs, teacher)
-    assert a.info["teacher_context"] == blocks[0] and "teacher_context" not in b.info
+    assert a.teacher_context == blocks[0] and b.teacher_context is None
 
 
 def test_topk_teacher_rows_line_up_with_the_students_tokens(tok, tiny_model_dir):

@@ -140,7 +140,7 @@ def epochs_phase(engine, ref, base, cfg) -> dict:
     for role in ("proposer", "solver"):
         for k in range(4):
             for t, a, o, r in zip(pair, adv1, old1, ref1):
-                trajs.append(dataclasses.replace(t, role=role, group_id=f"{role}{k}", info={}))
+                trajs.append(dataclasses.replace(t, role=role, group_id=f"{role}{k}"))
                 adv.append(a)
                 old.append(o)
                 ref_lp.append(r)
