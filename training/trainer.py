@@ -7,8 +7,9 @@
         hybrid.to_train()                          # vLLM sleeps (GPU)
         stats = game's counts summed over ranks    # shares, the failure guard
         trajs = trajectories that carry loss       # trained roles, no excluded or flat group
-        learn(trajs)                               # old/ref log-probs, values (gae roles), advantages per role,
-                                                   # update (clipped surrogate, global normaliser), the critic's
+        learn(trajs)                               # packed once (training/step_batch.py): old/ref log-probs,
+                                                   # values (gae roles), advantages per role, update (clipped
+                                                   # surrogate, global normaliser), the critic's
         log, checkpoint, evaluate
 
 Set-up (the config once the world is known, engines, the game's settings) is training/setup.py; the search
