@@ -146,13 +146,28 @@ def main(argv: list[str] | None = None) -> None:
                  "pack.tokens_per_step": sum(lens) / len(steps)})
     md = (f"{len(steps)} steps of one rank each from `{a.rollouts}` ({len(lens) / len(steps):.1f} trajectories, "
           f"{sum(lens) / len(steps):.0f} tokens a step, longest {max(lens)}), --micro_token_budget {a.budget}, "
-          f"1 thread; median over {a.repeats} repeats of each step's packing time, forwards left out.\n\n"
+          f"1 thread; median over {a.repeats} repeats of each step's packing time, forwards left out. The two "
+          "sequences alternate in one process on a machine that runs other work too: the absolute milliseconds move "
+          "between runs (by 2x), the ratio does not.\n\n"
           + md_table(["scenario", "before: ms/step", "after: ms/step", "before / after", "packings (all-reduces) before",
                       "after"], rows)
           + "\n\n'default': --old_logprobs recompute, no reference, no critic; 'full': with a reference and a critic on "
             "both roles (the teacher keeps its own packing in both). Before = the trainer at 00d7210 (pack_equal per "
             "phase); after = training/step_batch.py. The trainer logs the in-step time as timing_s/pack; see "
             "'step breakdown' for the step it sits in.")
+    # its size in a step: the step breakdown's measured steps (bench/bench_step.py), when results.json has them
+    from bench.report import RESULTS_JSON
+    known = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
+    shares = [(name, known[k]) for name, k in (("default", "step.top8.seconds"), ("full", "step.gae.top8.seconds"))
+              if k in known]
+    if shares:
+        md += ("\n\nAgainst a whole step (bench/RESULTS.md 'step breakdown', 'step breakdown gae': 2 ranks, top 8 "
+               "layers, fewer and shorter trajectories than these): packing saved "
+               + "; ".join(f"{name} {keys[f'pack.{name}.before_ms_per_step'] - keys[f'pack.{name}.after_ms_per_step']:.0f}"
+                           f" ms of a {sec:.1f} s step ({(keys[f'pack.{name}.before_ms_per_step'] - keys[f'pack.{name}.after_ms_per_step']) / 10 / sec:.2f}%)"
+                           for name, sec in shares)
+               + ". Packing was never a large part of the step; what it buys is one packing, one all-reduce and "
+                 "one set of micro-batches per step, not speed.")
     print(md)
     if not a.no_write:
         write_results("pack", keys, md, measures=MEASURES)
