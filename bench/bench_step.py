@@ -8,7 +8,9 @@
 Reports the median over steps of each phase (timing_s/* are per-step maxima over ranks):
 sync, generate (the whole game: rollouts of both roles, search and judge inside), of which
 search time is shown apart, log-probs (old/ref recompute), the critic (its values and its
-update, with --estimator gae), update, what the step spends elsewhere, and the whole step.
+update, with --estimator gae), update, of which the step batch's packing (timing_s/pack, inside the
+log-prob, critic and update times; 0 for runs before it was logged; bench/bench_pack.py compares it
+with the old pack-per-phase sequence), what the step spends elsewhere, and the whole step.
 The first step is dropped when there are more than two (warm-up). One column pair per run;
 the launched runs go one after another, in the order of --train_top_layers. Writes section
 "step breakdown" of bench/RESULTS.md, or "step breakdown gae" when a run has the critic (so
@@ -37,7 +39,7 @@ MEASURES = ["bench/bench_step.py", "inference", "retrieval", "train.py", "traini
 PHASES = [("sync", "timing_s/sync"), ("generate (game)", "timing_s/generate"),
           ("  of which search, proposer", "timing_s/search_proposer"), ("  of which search, solver", "timing_s/search_solver"),
           ("log-probs (old/ref)", "timing_s/logprobs"), ("critic (values + update)", "timing_s/critic"),
-          ("update", "timing_s/update"), ("other (advantages, metrics, ...)", "other"), ("step", "timing_s/step")]
+          ("update", "timing_s/update"), ("  of which packing (in the three above)", "timing_s/pack"), ("other (advantages, metrics, ...)", "other"), ("step", "timing_s/step")]
 # the phases that do not overlap: the step's time outside them is "other"
 _TOP_LEVEL = ("timing_s/sync", "timing_s/generate", "timing_s/logprobs", "timing_s/critic", "timing_s/update")
 

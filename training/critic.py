@@ -25,6 +25,7 @@ from typing import Sequence
 import torch
 
 from training.lr_schedule import set_critic_lr
+from training.step_batch import RETURNS, VALUES, StepBatch, put_missing
 from utils import dist as D
 
 
@@ -151,34 +152,42 @@ def engine_values(engine, micro_batch) -> torch.Tensor:
 
 
 @torch.no_grad()
-def critic_values(engine, trajs, micro_token_budget: int) -> list[torch.Tensor]:
-    """Each trajectory's per-token values (T_i,) under the critic; collective (equal micro-batch counts)."""
-    from training.packing import unpack_to_sequences
-    from training.update import pack_equal
-
+def critic_values(engine, trajs, micro_token_budget: int, batch=None) -> list[torch.Tensor]:
+    """Each trajectory's per-token values (T_i,) under the critic; collective (equal micro-batch counts).
+    batch: a training.step_batch.StepBatch of `trajs` whose micro-batches the forward reuses (the values
+    land in its VALUES column), or None to pack here."""
+    if batch is None:
+        batch = StepBatch(trajs, micro_token_budget)
     was_training = engine.module.training
     engine.module.eval()
-    mbs, n_real = pack_equal(trajs, micro_token_budget)
-    outs = [engine_values(engine, mb).float().cpu() for mb in mbs]
+    batch.put_packed(VALUES, [engine_values(engine, mb).float().cpu() for mb in batch.micro_batches])
     engine.module.train(was_training)
-    return unpack_to_sequences(mbs[:n_real], outs[:n_real], len(trajs)) if trajs else []
+    return batch.column(VALUES)
 
 
 def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budget: int, value_clip: float,
-                  seed: int = 0) -> tuple[dict[str, float], int]:
+                  seed: int = 0, batch=None) -> tuple[dict[str, float], int]:
     """The critic's optimizer steps of one SSP step: --ppo_epochs x --ppo_mini_batches, the same split
     of the trajectories as the actor's (training.update.split_mini_batches, same seed). Returns (this
     rank's metrics: critic/value_loss summed over micro-batches and averaged over optimizer steps, the
-    rest token-weighted means; optimizer steps). Collective."""
+    rest token-weighted means; optimizer steps). Collective.
+    batch: the training.step_batch.StepBatch of `trajs` the values were computed on (reused with one
+    mini-batch, whose split is all of them in every epoch), or None to pack here."""
     from training.loss import count_normaliser
-    from training.update import accumulate, pack_equal, split_mini_batches
+    from training.update import accumulate, split_mini_batches
 
+    if batch is None:
+        batch = StepBatch(trajs, micro_token_budget)
+    elif len(batch) != len(trajs):
+        raise ValueError(f"the critic's batch holds {len(batch)} trajectories, its update got {len(trajs)}")
+    columns = {VALUES: old_values, RETURNS: returns}
     engine.train()
     per_step, n_steps = [], 0
     for epoch in range(algo.ppo_epochs):
         for mini in split_mini_batches(trajs, algo.ppo_mini_batches, seed + epoch):
-            per_token = {"old_values": [old_values[i] for i in mini], "returns": [returns[i] for i in mini]}
-            mbs, _ = pack_equal([trajs[i] for i in mini], micro_token_budget, per_token)
+            view = batch if algo.ppo_mini_batches == 1 else batch.view(mini)   # the config decides, on every rank
+            put_missing(view, columns, mini)
+            mbs = view.micro_batches
             local = sum(count_normaliser(mb.tensors["loss_mask"], algo.loss_agg, mb.cu_seqlens) for mb in mbs)
             normaliser = D.all_reduce_sum([local])[0]
             if normaliser == 0:
@@ -186,7 +195,7 @@ def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budge
 
             def loss_fn(mb, v, _):
                 t = mb.tensors
-                return value_loss(v, t["old_values"], t["returns"], t["loss_mask"], normaliser=normaliser,
+                return value_loss(v, t[VALUES], t[RETURNS], t["loss_mask"], normaliser=normaliser,
                                   clip=value_clip, agg=algo.loss_agg, cu_seqlens=mb.cu_seqlens)
 
             per_step.append(accumulate(engine, mbs, loss_fn, forward=engine_values))
@@ -213,20 +222,34 @@ def gae_roles(algo) -> set[str]:
     return {r for r in ("proposer", "solver") if getattr(algo, f"{r}_estimator") == "gae"}
 
 
-def step_values(engine, trajs, algo, micro_token_budget: int) -> list:
-    """Values of the trajectories whose role uses gae (None for the others). Collective."""
+def critic_batch(batch, trajs, algo):
+    """The StepBatch the critic packs: the step's `batch` itself when every role uses gae (then its
+    trajectories are all gae ones), else the selection of the gae roles' trajectories, keyed "critic"
+    (packed once for the values and the update). Decided by the config, alike on every rank."""
+    roles = gae_roles(algo)
+    if roles >= {"proposer", "solver"}:
+        return batch
+    return batch.view([i for i, t in enumerate(trajs) if t.role in roles], key="critic")
+
+
+def step_values(engine, trajs, algo, micro_token_budget: int, batch=None) -> list:
+    """Values of the trajectories whose role uses gae (None for the others). Collective.
+    batch: the step's training.step_batch.StepBatch of `trajs` (its micro-batches, or its "critic"
+    selection, are reused), or None to pack here."""
     roles = gae_roles(algo)
     idx = [i for i, t in enumerate(trajs) if t.role in roles]
-    vals = critic_values(engine, [trajs[i] for i in idx], micro_token_budget)
+    vals = critic_values(engine, [trajs[i] for i in idx], micro_token_budget,
+                         batch=None if batch is None else critic_batch(batch, trajs, algo))
     out: list = [None] * len(trajs)
     for i, v in zip(idx, vals):
         out[i] = v
     return out
 
 
-def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce) -> dict[str, float]:
+def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce, batch=None) -> dict[str, float]:
     """The critic's share of one SSP step: LR, explained variance of the values GAE used, the update.
-    `reduce` = utils.metrics.reduce_over_ranks (*_loss summed, as training/update.py declares). Collective."""
+    `reduce` = utils.metrics.reduce_over_ranks (*_loss summed, as training/update.py declares). Collective.
+    batch: the step's training.step_batch.StepBatch of `trajs` (as step_values got it), or None."""
     idx = [i for i, r in enumerate(returns) if r is not None]
     sub = [trajs[i] for i in idx]
     masks = [torch.tensor(t.loss_mask) for t in sub]
@@ -235,7 +258,8 @@ def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce) ->
     o = cfg.optimisation
     m, n_steps = critic_update(engine, sub, [values[i] for i in idx], [returns[i] for i in idx], cfg.algorithm,
                                micro_token_budget=o.micro_token_budget, value_clip=cfg.critic.value_clip,
-                               seed=o.seed * 7 + step)
+                               seed=o.seed * 7 + step,
+                               batch=None if batch is None else critic_batch(batch, trajs, cfg.algorithm))
     m.update({"critic/lr": lr, "critic/optimizer_steps": float(n_steps)})
     gn = engine.get_global_grad_norm() if n_steps else None
     if gn is not None:

@@ -7,8 +7,9 @@
         hybrid.to_train()                          # vLLM sleeps (GPU)
         stats = game's counts summed over ranks    # shares, the failure guard
         trajs = trajectories that carry loss       # trained roles, no excluded or flat group
-        learn(trajs)                               # old/ref log-probs, values (gae roles), advantages per role,
-                                                   # update (clipped surrogate, global normaliser), the critic's
+        learn(trajs)                               # packed once (training/step_batch.py): old/ref log-probs,
+                                                   # values (gae roles), advantages per role, update (clipped
+                                                   # surrogate, global normaliser), the critic's
         log, checkpoint, evaluate
 
 Set-up (the config once the world is known, engines, the game's settings) is training/setup.py; the search
@@ -41,6 +42,7 @@ from training.hybrid import HybridEngine
 from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
 from training.setup import (build_judge, build_models, eval_rollout_config, game_config, resolve_config,
                             rollout_configs, seeded_pool, training_rows)
+from training.step_batch import OLD, REF, StepBatch
 from training.update import changed_fraction, snapshot_weights
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0
@@ -263,16 +265,17 @@ class SSPTrainer:
     def learn(self, trajs: list, played: list, times: dict) -> tuple[dict, dict]:
         """Log-probs, values, advantages, the actor's update and the critic's: (update metrics, distill metrics)."""
         cfg = self.cfg
+        batch = StepBatch(trajs, cfg.optimisation.micro_token_budget)   # packed once, on first use (training/step_batch.py)
         with self._timer(times, "logprobs"):
             if cfg.algorithm.old_logprobs == "rollout":  # vLLM's raw log-probs, validated to be the policy's
                 old = [torch.tensor(t.logprobs, dtype=torch.float32) for t in trajs]
             else:
-                old = self.forward_logprobs(self.actor, trajs)
-            ref = self.forward_logprobs(self.engines.ref, trajs) if self.engines.ref is not None else None
+                old = self.forward_logprobs(self.actor, batch, OLD)
+            ref = self.forward_logprobs(self.engines.ref, batch, REF) if self.engines.ref is not None else None
         values = None
         if self.critic is not None:
             with self._timer(times, "critic"):
-                values = step_values(self.critic, trajs, cfg.algorithm, cfg.optimisation.micro_token_budget)
+                values = step_values(self.critic, trajs, cfg.algorithm, cfg.optimisation.micro_token_budget, batch)
         adv, returns = self.advantages(trajs, values, old, ref)
         distill, term = {}, None
         if cfg.distill.distill != "off":   # the teacher's dense term: in the advantages, or the loss (topk)
@@ -284,11 +287,13 @@ class SSPTrainer:
             if self.critic is None or self.step >= cfg.critic.critic_warmup:  # --critic_warmup: the critic alone
                 set_lr(self.actor, cfg, self.step)
                 snap = snapshot_weights(self.actor)
-                upd = self.update(trajs, adv, old, ref, term)
+                upd = self.update(trajs, adv, old, ref, term, batch)
                 upd["actor/weights_changed_frac"] = changed_fraction(self.actor, snap)
         if self.critic is not None:
             with self._timer(times, "critic"):
-                upd.update(train_step_critic(self.critic, cfg, self.step, trajs, values, returns, reduce_over_ranks))
+                upd.update(train_step_critic(self.critic, cfg, self.step, trajs, values, returns, reduce_over_ranks,
+                                             batch))
+        times["timing_s/pack"] = batch.pack_seconds   # within the phases' times above (the teacher's packing aside)
         upd["actor/rollout_lp_gap"] = gap
         # a step with a skipped optimizer step counts as non-finite; N in a row stop the run (all ranks:
         # the count is the same everywhere)
@@ -298,16 +303,18 @@ class SSPTrainer:
 
     # ------------------------------------------------------------------ log-probs, advantages, update
     @torch.no_grad()
-    def forward_logprobs(self, engine, trajs) -> list[torch.Tensor]:
-        """Per-token log-probs of each trajectory under `engine` (actor before the update, or the reference)."""
-        from training.packing import unpack_to_sequences
-        from training.update import engine_logprobs, pack_equal
+    def forward_logprobs(self, engine, trajs, column: str = OLD) -> list[torch.Tensor]:
+        """Per-token log-probs of each trajectory under `engine` (actor before the update, or the reference).
+        trajs: a list (packed here), or the step's StepBatch, whose micro-batches are reused and whose
+        `column` receives the packed log-probs."""
+        from training.update import engine_logprobs
+        batch = trajs if isinstance(trajs, StepBatch) else StepBatch(trajs, self.cfg.optimisation.micro_token_budget)
         was_training = engine.module.training
         engine.module.eval()
-        mbs, n_real = pack_equal(trajs, self.cfg.optimisation.micro_token_budget)
-        outs = [engine_logprobs(engine, mb, self.cfg.rollout.temperature)[0].float().cpu() for mb in mbs]
+        batch.put_packed(column, [engine_logprobs(engine, mb, self.cfg.rollout.temperature)[0].float().cpu()
+                                  for mb in batch.micro_batches])
         engine.module.train(was_training)
-        return unpack_to_sequences(mbs[:n_real], outs[:n_real], len(trajs)) if trajs else []
+        return batch.column(column)
 
     def _rollout_lp_gap(self, trajs, old, sample: int = 4) -> float:
         """Mean |vLLM's sampled-token log-prob - the actor's| over the step's sampled tokens: near 0
@@ -351,13 +358,14 @@ class SSPTrainer:
         keys = sorted(sums)
         return adv, finish_metrics(dict(zip(keys, D.all_reduce_sum([sums[k] for k in keys]))), beta), term
 
-    def update(self, trajs, adv, old, ref, distill=None) -> dict:
+    def update(self, trajs, adv, old, ref, distill=None, batch=None) -> dict:
+        """ppo_update on the step's batch: its old/ref columns reused, the advantages scattered into it once."""
         from training.update import ppo_update
 
         o = self.cfg.optimisation
         metrics, n_steps, n_skipped = ppo_update(
             self.actor, trajs, adv, old, ref, self.cfg.algorithm, temperature=self.cfg.rollout.temperature,
-            micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step, distill=distill)
+            micro_token_budget=o.micro_token_budget, seed=o.seed * 7 + self.step, distill=distill, batch=batch)
         out = dict(metrics)  # per optimizer step means, tokens once (training.update.reduce_step_metrics)
         gn = self.actor.get_global_grad_norm() if n_steps else None
         if gn is not None:

@@ -27,6 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from training.step_batch import ADV, OLD, REF, StepBatch, put_missing
 from utils import dist as D
 from utils.logging import print0
 from utils.metrics import summed
@@ -101,7 +102,7 @@ def split_mini_batches(trajs, n: int, seed: int) -> list[list[int]]:
 
 
 def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_token_budget: int,
-               seed: int = 0, distill=None) -> tuple[dict[str, float], int, int]:
+               seed: int = 0, distill=None, batch=None) -> tuple[dict[str, float], int, int]:
     """The clipped-surrogate update of one SSP step. Returns (this rank's metrics of the SSP step,
     see `reduce_step_metrics`; optimizer steps; of which skipped for a non-finite loss or gradient
     norm on some rank).
@@ -112,8 +113,17 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
     first, and clipping acts); the old log-probs stay those of the rollout policy.
     distill: a training.teacher.TopKTerm (--distill topk), whose beta x top-K reverse KL joins the
     loss of the solver's tokens with a teacher, with the policy loss's normaliser; or None.
+    batch: the step's training.step_batch.StepBatch of `trajs` (packed once, its columns reused where
+    they are already there), or None to pack `trajs` here. A mini-batch's micro-batches are the batch's
+    own with one mini-batch in combined mode, else a selection of it (training/step_batch.py).
     """
     from training.loss import count_normaliser, policy_loss
+
+    if batch is None:
+        batch = StepBatch(trajs, micro_token_budget)
+    elif len(batch) != len(trajs):
+        raise ValueError(f"the step batch holds {len(batch)} trajectories, the update got {len(trajs)}")
+    columns = {ADV: adv, OLD: old, REF: ref}
 
     roles = [None] if algo.update_mode == "combined" else ["proposer", "solver"]
     steps: list[tuple[int, list[dict]]] = []     # (epoch, micro-batch metrics) per optimizer step
@@ -126,12 +136,15 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
         for role in roles:
             for mini in minis:
                 sub = [i for i in mini if role is None or trajs[i].role == role]
-                per_token = {"advantages": [adv[i] for i in sub], "old_logprobs": [old[i] for i in sub]}
-                if ref is not None:
-                    per_token["ref_logprobs"] = [ref[i] for i in sub]
+                # one mini-batch: every epoch selects the same trajectories (all of them, or the role's), decided
+                # by the config alike on every rank; several: a new split each epoch, packed when it is trained
+                view = (batch if role is None else batch.view(sub, key=role)) if algo.ppo_mini_batches == 1 \
+                    else batch.view(sub)
+                put_missing(view, columns, sub)
                 if distill is not None:
-                    per_token.update(distill.per_token(sub))
-                mbs, _ = pack_equal([trajs[i] for i in sub], micro_token_budget, per_token)
+                    for name, per_traj in distill.per_token(sub).items():
+                        view.put(name, per_traj)
+                mbs = view.micro_batches
                 local = sum(count_normaliser(mb.tensors["loss_mask"], algo.loss_agg, mb.cu_seqlens) for mb in mbs)
                 normaliser = D.all_reduce_sum([local])[0]
                 if normaliser == 0:  # nothing sampled anywhere: the same decision on every rank
