@@ -39,7 +39,7 @@ sys.path.insert(0, str(REPO))
 
 import torch  # noqa: E402
 
-from bench.report import md_table, write_results  # noqa: E402
+from bench.report import RESULTS_JSON, md_table, write_results  # noqa: E402
 from inference.prompts import build_proposer_prompt, build_solver_prompt  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
 from training.packing import unpack_to_sequences  # noqa: E402
@@ -156,7 +156,6 @@ def main(argv: list[str] | None = None) -> None:
             "phase); after = training/step_batch.py. The trainer logs the in-step time as timing_s/pack; see "
             "'step breakdown' for the step it sits in.")
     # its size in a step: the step breakdown's measured steps (bench/bench_step.py), when results.json has them
-    from bench.report import RESULTS_JSON
     known = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}
     shares = [(name, known[k]) for name, k in (("default", "step.top8.seconds"), ("full", "step.gae.top8.seconds"))
               if k in known]

@@ -186,7 +186,7 @@ def test_an_old_run_folder_resumes(tmp_path):
     """A run folder from before the distill group (its config.json holds --distill* under "algorithm") is the same
     run for the same settings: no run-defining field differs, the launch resumes its checkpoint and keeps its run id;
     a changed --distill_coef is still seen as another run."""
-    from training import checkpoint as C
+    from training import run_folder as C
     from training import run_state as S
 
     cfg = Config()
