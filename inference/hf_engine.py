@@ -168,3 +168,55 @@ class HFEngine:
 
     def wake_up(self, tags: Sequence[str] | None = None) -> None:
         pass
+
+    # --- stepped generation (the rollout's trajectory schedule): the slow reference ------------
+    # One step() runs every request submitted since the last step to its stop, as one generate()
+    # batch. So decoding never overlaps a search here (only the searches overlap each other);
+    # VLLMEngine's step is one decode iteration, into which new requests are admitted at once.
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        self._stepper().submit(key, prompt, sampling)
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        return self._stepper().step()
+
+    def num_unfinished(self) -> int:
+        return self._stepper().num_unfinished()
+
+    def abort_all(self) -> None:
+        self._stepper().abort_all()
+
+    def _stepper(self) -> "GenerateStepper":
+        if not hasattr(self, "_steps"):
+            self._steps = GenerateStepper(self)
+        return self._steps
+
+
+class GenerateStepper:
+    """submit()/step() over any engine that only has generate(): a step generates every request submitted
+    since the previous one, as one batch, to its stop. The rollout's trajectory schedule uses it for such
+    engines (test doubles, HFEngine): then it makes the same engine calls as the turn schedule, except that
+    trajectories whose search comes back late start their next turn in a later batch."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = getattr(engine, "max_model_len", None)
+        self.pending: list[tuple[Any, list[int], SamplingConfig]] = []
+
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        self.pending.append((key, list(prompt), sampling))
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        batch, self.pending = self.pending, []
+        if not batch:
+            return []
+        outs = self.engine.generate([p for _, p, _ in batch], [s for *_, s in batch])
+        if len(outs) != len(batch):
+            raise RuntimeError(f"engine returned {len(outs)} outputs for {len(batch)} prompts")
+        return [(k, o) for (k, _, _), o in zip(batch, outs)]
+
+    def num_unfinished(self) -> int:
+        return len(self.pending)
+
+    def abort_all(self) -> None:
+        self.pending = []
