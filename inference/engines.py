@@ -632,6 +632,12 @@ class VLLMEngine:
     def num_unfinished(self) -> int:
         return len(getattr(self, "_stepping", {}))
 
+    @property
+    def lockstep_ranks(self) -> int:
+        """Ranks that must make identical engine calls in the same order (the TP group's size). Their
+        search threads return at different moments, so the rollout keeps the turn schedule when > 1."""
+        return int(self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+
     def abort_all(self) -> None:
         """Drop every submitted, unfinished request (after an error), so the engine is empty again."""
         rids = [rid for rid, _ in getattr(self, "_stepping", {}).values()]

@@ -210,6 +210,13 @@ def run_rollouts(
         # calls in the order, and outside the stepping, that the turn schedule gives it.
         log.info("rollout: %s is not safe to call concurrently; running the turn schedule", _describe(search_fn))
         schedule = "turn"
+    if schedule == "trajectory" and int(getattr(engine, "lockstep_ranks", 1)) > 1:
+        # Tensor parallelism under external_launcher: every rank of the group must submit the same requests
+        # in the same order, and each rank's searches return at their own moments. Until the group's first
+        # rank decides the order and shares it, TP > 1 runs the turn schedule (identical calls by construction).
+        log.info("rollout: the engine's %d tensor-parallel ranks run in lockstep; running the turn schedule",
+                 engine.lockstep_ranks)
+        schedule = "turn"
     t0 = time.perf_counter()
     timing = {"engine_idle_s": 0.0}
     if schedule == "trajectory":

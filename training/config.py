@@ -22,7 +22,7 @@ from inference.engines import MAX_MODEL_LEN  # light: these modules import no to
 from inference.game import RAG_VERIFIERS, GameConfig, resolve_proposer_reward
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
-from inference.rollout import RolloutConfig
+from inference.rollout import SCHEDULES, RolloutConfig
 # critic_config and launch_env hold checks validate_args joins; needs_critic stays importable from here too
 from training.critic_config import critic_errors, needs_critic  # noqa: F401
 from training.input_checks import model_path_errors, report_to_errors
@@ -85,6 +85,12 @@ class RolloutArgs:
     max_info_tokens: int = F(RolloutConfig.max_info_tokens, "token budget of one <information> block, tags included "
                                                             "(retrieved docs are cut to it; Search-R1's max_obs_length "
                                                             "is 500)")
+    rollout_schedule: str = F(RolloutConfig.schedule, "trajectory: each trajectory's next turn starts as soon as its "
+                                                      "search returns, searches overlap decoding; turn: one engine call "
+                                                      "per turn for all, then one search call (same trajectories)",
+                              choices=SCHEDULES)
+    max_inflight: int = F(RolloutConfig.max_inflight, "trajectory schedule: most sequences in the engine at once "
+                                                      "(0 = the engine's own limit)")
 
 
 @dataclass
