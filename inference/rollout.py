@@ -182,7 +182,7 @@ def run_rollouts(
 ) -> list[Trajectory]:
     """Roll out every request to the end; returns one Trajectory per request, in order.
 
-    cfg.schedule picks the loop: "trajectory" (run_per_trajectory, the default) or "turn" (one engine call
+    cfg.schedule picks the loop: "trajectory" (_per_trajectory, the default) or "turn" (one engine call
     and one search call per turn). `stats`, when given, receives the schedule that ran, its wall seconds
     and the seconds the engine had nothing to run ("engine_idle_s": waiting on searches).
     """
