@@ -192,3 +192,23 @@ def test_stateful_search_runs_under_the_turn_schedule(vllm_engine):
                  stats=stats)
     assert stats["schedule"] == "turn"
     assert not any(t.startswith("rollout-search") for t in threads)
+
+
+def test_tensor_parallel_ranks_keep_the_turn_schedule(vllm_engine):
+    """Under TP > 1 every rank must make the same engine calls in the same order; search threads return at
+    each rank's own moments, so run_rollouts keeps the turn schedule there (no broadcast of the order yet)."""
+    assert vllm_engine.lockstep_ranks == 1
+    tok = vllm_engine.tokenizer
+
+    class TwoRankGroup(InflightProbe):
+        lockstep_ranks = 2
+
+        def generate(self, prompts, sampling):
+            return self.engine.generate(prompts, sampling)
+
+    probe = TwoRankGroup(vllm_engine)
+    reqs = [RolloutRequest("solver", "g", tok("Question: name a city.", add_special_tokens=False)["input_ids"])]
+    stats = {}
+    run_rollouts(probe, reqs, lambda q, k: [[] for _ in q], RolloutConfig(max_turns=2, max_tokens_per_turn=8,
+                                                                          temperature=0.0), stats=stats)
+    assert stats["schedule"] == "turn" and probe.submits == 0
