@@ -212,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     # train.py's flags (training/settings_play.py): one name, default and help each
     add_field_flags(r, SearchArgs, ["topk"])
     add_field_flags(r, RolloutArgs, ["max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens",
-                                     "max_model_len"])
+                                     "max_model_len", "rollout_schedule", "max_inflight"])
     r.add_argument("--template", default=EvalConfig.template, choices=list(TEMPLATES),
                    help="prompt chat template (inference/prompts.py)")
     r.add_argument("--temperature", type=float, default=0.0, help="0 = greedy; > 0 samples (never taken from the run)")
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
                             max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,
                             topk=a.topk, temperature=a.temperature, seed=a.seed if a.temperature > 0 else None,
-                            self_search=a.self_search)
+                            self_search=a.self_search, schedule=a.rollout_schedule, max_inflight=a.max_inflight)
     protocol = {
         "model": str(Path(a.model).resolve()),
         "engine": f"{a.engine} ({a.dtype})",
@@ -434,6 +434,10 @@ def main(argv: list[str] | None = None) -> int:
         "sampling": ("greedy (temperature 0)" if a.temperature == 0 else f"temperature {a.temperature}, seed {a.seed}"
                      + (f", {a.samples} samples per question" if a.samples > 1 else "")),
         "examples": f"{len(rows)} from {', '.join(a.data)}" + (f" (first {a.limit} of each)" if a.limit else ""),
+        "schedule": ("turn (simulated search is stateful, or TP > 1 in lockstep: run_rollouts falls back)"
+                     if (a.simulated or a.tp > 1) and a.rollout_schedule == "trajectory" else
+                     a.rollout_schedule + (f", at most {a.max_inflight} sequences in flight"
+                                           if a.rollout_schedule == "trajectory" and a.max_inflight else "")),
         "run_config": a.run_config or ("off (--no_run_config)" if a.no_run_config else "none (--model is in no run)"),
     }
     print("Evaluation protocol:\n" + "\n".join(protocol_lines(protocol)), flush=True)

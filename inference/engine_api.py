@@ -183,3 +183,63 @@ class RolloutEngine(TokenGenerator, Protocol):
         comes back); on CPU only the emulation has anything to restore. HF: clears the sleeping state.
         """
         ...
+
+
+@runtime_checkable
+class SteppedGenerator(TokenGenerator, Protocol):
+    """A TokenGenerator that also takes requests one at a time and is stepped: the rollout's trajectory
+    schedule (inference/rollout.py). vLLM: submit() enqueues into the running engine and step() is one decode
+    iteration, into which new requests are admitted at once; GenerateStepper adapts an engine with generate()
+    only (HFEngine, test doubles) by generating everything submitted since the last step as one batch."""
+
+    lockstep_ranks: int
+    """Ranks that must make identical engine calls in the same order (a tensor-parallel group); 1 otherwise."""
+
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        """Add one request, identified by the hashable `key` in what step() returns."""
+        ...
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        """Run one engine step; (key, output) of every submitted request that finished in it."""
+        ...
+
+    def num_unfinished(self) -> int:
+        """Submitted requests not yet returned by step()."""
+        ...
+
+    def abort_all(self) -> None:
+        """Drop every unfinished request (after an error), so the engine is empty again."""
+        ...
+
+
+class GenerateStepper:
+    """submit()/step() over any engine that only has generate(): a step generates every request submitted
+    since the previous one, as one batch, to its stop. The rollout's trajectory schedule uses it for such
+    engines (test doubles, HFEngine): then it makes the same engine calls as the turn schedule, except that
+    trajectories whose search comes back late start their next turn in a later batch."""
+
+    def __init__(self, engine: Any):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.max_model_len = getattr(engine, "max_model_len", None)
+        self.pending: list[tuple[Any, list[int], SamplingConfig]] = []
+
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        self.pending.append((key, list(prompt), sampling))
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        batch, self.pending = self.pending, []
+        if not batch:
+            return []
+        outs = self.engine.generate([p for _, p, _ in batch], [s for *_, s in batch])
+        if len(outs) != len(batch):
+            raise RuntimeError(f"engine returned {len(outs)} outputs for {len(batch)} prompts")
+        return [(k, o) for (k, _, _), o in zip(batch, outs)]
+
+    def num_unfinished(self) -> int:
+        return len(self.pending)
+
+    def abort_all(self) -> None:
+        self.pending = []
+
+    lockstep_ranks = 1  # one caller drives the wrapped engine

@@ -256,3 +256,77 @@ class VLLMEngine:
             self.sleeping = bool(self.llm.llm_engine.is_sleeping())
             return
         self.sleeping = self._emulation.wake_up(tags)
+
+    # --- stepped generation (the rollout's trajectory schedule) --------------------------------
+    # submit() adds one request to the running engine; step() runs one engine step (one decode
+    # iteration of every running sequence, plus the prefill of those just admitted) and returns the
+    # requests that finished in it. Requests may be submitted between any two steps: vLLM's scheduler
+    # admits them into the running batch. Per-request seeds make the sampled tokens independent of
+    # what else is in the batch. Do not call generate() while submitted requests are unfinished:
+    # LLM.generate runs the engine until it is empty and would collect them too.
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        """Add one request, identified by `key` (hashable) in what step() returns."""
+        from vllm.inputs import TokensPrompt
+
+        if self.sleeping or self._unsent:
+            raise RuntimeError("VLLMEngine.submit() while asleep or with weights not sent again; see generate()")
+        if not hasattr(self, "_stepping"):
+            self._stepping: dict[str, Any] = {}
+        (rid,) = self.llm.enqueue([TokensPrompt(prompt_token_ids=list(map(int, prompt)))],
+                                  [self._sampling_params(sampling)], use_tqdm=False)
+        # RequestOutput carries the id LLM.enqueue numbered the request with; vLLM's internal id adds
+        # "-<8 random chars>" to it (unless VLLM_DISABLE_REQUEST_ID_RANDOMIZATION).
+        self._stepping[rid.split("-", 1)[0]] = (rid, key)
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        """One engine step; (key, output) of every submitted request that finished in it."""
+        done = []
+        for o in self.llm.llm_engine.step():
+            if o.finished and o.request_id in getattr(self, "_stepping", {}):
+                _, key = self._stepping.pop(o.request_id)
+                done.append((key, self._gen_output(o)))
+        return done
+
+    def num_unfinished(self) -> int:
+        return len(getattr(self, "_stepping", {}))
+
+    @property
+    def lockstep_ranks(self) -> int:
+        """Ranks that must make identical engine calls in the same order (the TP group's size). Their
+        search threads return at different moments, so the rollout keeps the turn schedule when > 1."""
+        return int(self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+
+    def abort_all(self) -> None:
+        """Drop every submitted, unfinished request (after an error), so the engine is empty again."""
+        rids = [rid for rid, _ in getattr(self, "_stepping", {}).values()]
+        if rids:
+            self.llm.llm_engine.abort_request(rids)
+        self._stepping = {}
+
+    @staticmethod
+    def _sampling_params(s: SamplingConfig) -> Any:
+        """The SamplingParams generate() builds for one prompt (output only when the request finishes)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        return SamplingParams(
+            n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, min_tokens=s.min_tokens,
+            stop=list(s.stop) or None, include_stop_str_in_output=True, logprobs=0, seed=s.seed,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    @staticmethod
+    def _gen_output(o: Any) -> GenOutput:
+        """A finished RequestOutput as generate() returns it."""
+        c = o.outputs[0]
+        ids = list(c.token_ids)
+        lps = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs or [])]
+        if len(lps) != len(ids):
+            raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
+        if c.finish_reason == "length":
+            reason, stop_str = "length", None
+        elif isinstance(c.stop_reason, str):
+            reason, stop_str = "stop", c.stop_reason
+        else:  # None = EOS, int = a stop token id: both end the turn like EOS
+            reason, stop_str = "eos", None
+        return GenOutput(ids, lps, c.text, reason, stop_str)

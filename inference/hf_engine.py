@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from inference.engine_api import (SLEEP_LEVELS, WAKE_TAGS, GenOutput, SamplingConfig, cut_at_stop,
+from inference.engine_api import (SLEEP_LEVELS, WAKE_TAGS, GenerateStepper, GenOutput, SamplingConfig, cut_at_stop,
                                   per_prompt_sampling)
 
 
@@ -209,3 +209,29 @@ class HFEngine:
         if unknown:
             raise ValueError(f"wake_up tags must be among {WAKE_TAGS}, got {unknown}")
         self.asleep.difference_update(tags)
+
+    # --- stepped generation (the rollout's trajectory schedule): the slow reference ------------
+    # One step() runs every request submitted since the last step to its stop, as one generate()
+    # batch. So decoding never overlaps a search here (only the searches overlap each other);
+    # VLLMEngine's step is one decode iteration, into which new requests are admitted at once.
+    def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
+        self._stepper().submit(key, prompt, sampling)
+
+    def step(self) -> list[tuple[Any, GenOutput]]:
+        return self._stepper().step()
+
+    def num_unfinished(self) -> int:
+        return self._stepper().num_unfinished()
+
+    def abort_all(self) -> None:
+        self._stepper().abort_all()
+
+    @property
+    def lockstep_ranks(self) -> int:
+        """One process drives the whole model: no other rank must mirror its calls."""
+        return 1
+
+    def _stepper(self) -> GenerateStepper:
+        if not hasattr(self, "_steps"):
+            self._steps = GenerateStepper(self)
+        return self._steps

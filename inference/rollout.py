@@ -1,5 +1,15 @@
 """The multi-turn rollout loop: many trajectories at once, token ids and loss mask built as they go.
 
+Two schedules (RolloutConfig.schedule, --rollout_schedule), which give the same trajectories:
+
+"trajectory" (default): one state machine per trajectory over a stepped engine (engine.submit/step).
+A trajectory whose turn ends in a search hands it to a thread pool and the engine keeps decoding the
+others; the moment its documents are back its next turn joins the running batch. No turn barrier: a
+long turn holds up only its own trajectory, and search latency is hidden behind decoding. Stateful
+search backends (simulated search, `concurrent_safe = False`) run under the turn schedule instead.
+
+"turn" (the original loop, kept for comparison and tests):
+
     for turn in range(max_turns):
         outs = engine.generate([t.ids for t in active], ...)     # ONE engine call per turn
         append each turn's sampled tokens                          (mask 1, engine log-probs)
@@ -29,10 +39,12 @@ without a usable action, e.g. "</search>" with no opening tag).
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from inference.engine_api import SamplingConfig
+from inference.engine_api import GenerateStepper, SamplingConfig
 from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, model_text, parse_action
 from inference.prompts import format_docs
 from inference.trajectory import ROLES, GameMeta, Trajectory
@@ -44,6 +56,7 @@ SearchFn = Callable[[list[str], int], list[list[dict]]]
 INFO_OPEN, INFO_CLOSE = "\n\n<information>", "</information>\n\n"
 SEARCH_FAILED_TEXT = "Search failed; no results.\n"
 EMPTY_QUERY_TEXT = "Empty query; no results.\n"
+SCHEDULES = ("trajectory", "turn")
 
 
 @dataclass
@@ -67,11 +80,24 @@ class RolloutConfig:
     """SSRL mode: the model writes its own <information> blocks (masked 0); needs search_fn=None."""
     progress: bool = False
     """Show a tqdm bar over turns (turn it on on rank 0 only)."""
+    schedule: str = "trajectory"
+    """"trajectory": each trajectory runs on its own through a stepped engine; its search runs in a thread
+    while the others decode, and its next turn joins the running batch when the documents are back.
+    "turn": one engine call per turn for every trajectory, then one search call for all of them."""
+    max_inflight: int = 0
+    """Trajectory schedule: at most this many sequences in the engine at once (0 = no bound beyond the
+    engine's own scheduler and KV budget, which queue what does not fit)."""
+    search_workers: int = 16
+    """Trajectory schedule: threads serving search calls concurrently."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk"):
+        for name in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk", "search_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"RolloutConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
+        if self.max_inflight < 0:
+            raise ValueError(f"RolloutConfig.max_inflight must be >= 0 (0 = unbounded), got {self.max_inflight}")
         if self.max_info_tokens < 8:
             raise ValueError(f"RolloutConfig.max_info_tokens={self.max_info_tokens} leaves no room for the tags; use >= 8")
 
@@ -151,8 +177,14 @@ def run_rollouts(
     requests: Sequence[RolloutRequest],
     search_fn: SearchFn | None,
     cfg: RolloutConfig,
+    stats: dict | None = None,
 ) -> list[Trajectory]:
-    """Roll out every request to the end; returns one Trajectory per request, in order."""
+    """Roll out every request to the end; returns one Trajectory per request, in order.
+
+    cfg.schedule picks the loop: "trajectory" (_per_trajectory, the default) or "turn" (one engine call
+    and one search call per turn). `stats`, when given, receives the schedule that ran, its wall seconds
+    and the seconds the engine had nothing to run ("engine_idle_s": waiting on searches).
+    """
     if cfg.self_search and search_fn is not None:
         raise ValueError("self_search=True means the model writes its own documents; pass search_fn=None")
     tok = engine.tokenizer
@@ -171,6 +203,65 @@ def run_rollouts(
         n = len(r.prompt_ids)
         states.append(_State(r, list(map(int, r.prompt_ids)), [0] * n, [0.0] * n))
 
+    schedule = cfg.schedule
+    if schedule == "trajectory" and not _concurrent_search(search_fn):
+        # A stateful backend (simulated search: its RNG, and maybe the policy's own engine) must see the
+        # calls in the order, and outside the stepping, that the turn schedule gives it.
+        log.info("rollout: %s is not safe to call concurrently; running the turn schedule", _describe(search_fn))
+        schedule = "turn"
+    if schedule == "trajectory" and int(getattr(engine, "lockstep_ranks", 1)) > 1:
+        # Tensor parallelism under external_launcher: every rank of the group must submit the same requests
+        # in the same order, and each rank's searches return at their own moments. Until the group's first
+        # rank decides the order and shares it, TP > 1 runs the turn schedule (identical calls by construction).
+        log.info("rollout: the engine's %d tensor-parallel ranks run in lockstep; running the turn schedule",
+                 engine.lockstep_ranks)
+        schedule = "turn"
+    t0 = time.perf_counter()
+    timing = {"engine_idle_s": 0.0}
+    if schedule == "trajectory":
+        _per_trajectory(engine, states, search_fn, cfg, tok, limit, timing)
+    else:
+        _per_turn(engine, states, search_fn, cfg, tok, limit, timing)
+    if stats is not None:
+        stats.update(timing, schedule=schedule, wall_s=time.perf_counter() - t0)
+    for s in states:
+        if not s.done:  # defensive: _absorb_turn never queues a search past the last turn
+            s.stop_reason, s.pending_query = "max_turns", None
+    return [_to_trajectory(s, tok) for s in states]
+
+
+def _search_attr(search_fn: Any, name: str, default: Any) -> Any:
+    """A flag set on the search function, or on the object it is a bound method of (TimedSearch, a retriever)."""
+    if hasattr(search_fn, name):
+        return getattr(search_fn, name)
+    return getattr(getattr(search_fn, "__self__", None), name, default)
+
+
+def _concurrent_search(search_fn: SearchFn | None) -> bool:
+    """Whether search_fn may run in threads beside the engine: backends say `concurrent_safe = False` otherwise."""
+    return search_fn is None or bool(_search_attr(search_fn, "concurrent_safe", True))
+
+
+def _describe(search_fn: Any) -> str:
+    owner = getattr(search_fn, "__self__", None)
+    return type(owner).__name__ + ".search" if owner is not None else repr(search_fn)
+
+
+def _sampling_for(s: _State, i: int, cfg: RolloutConfig, search_fn: SearchFn | None, limit: int) -> SamplingConfig:
+    """Trajectory i's next turn. The seed depends on (cfg.seed, i, turn) only, never on which other
+    sequences share the engine's batch, so both schedules sample the same tokens."""
+    # Without a tool (no search_fn, or self-search) a <search> is just text: keep writing.
+    stops = ["</search>"] if search_fn is not None else []
+    stops.append(f"</{_final_kind(s.req.role)}>")
+    return SamplingConfig(
+        temperature=cfg.temperature, top_p=cfg.top_p, stop=stops, seed=_turn_seed(cfg.seed, i, s.turns),
+        max_tokens=min(cfg.max_tokens_per_turn, limit - len(s.ids)),
+    )
+
+
+def _per_turn(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any,
+              limit: int, timing: dict) -> None:
+    """The turn schedule: every active trajectory's turn in one engine call, then one search call for all."""
     bar = None
     if cfg.progress:
         from tqdm import tqdm
@@ -179,20 +270,14 @@ def run_rollouts(
         active = [i for i, s in enumerate(states) if not s.done]
         if not active:
             break
+        t0 = time.perf_counter()
         _serve_searches([states[i] for i in active], search_fn, cfg, tok, limit)
+        timing["engine_idle_s"] += time.perf_counter() - t0
         active = [i for i in active if not states[i].done]
         if not active:
             break
-        samplings = []
-        for i in active:
-            s = states[i]
-            # Without a tool (no search_fn, or self-search) a <search> is just text: keep writing.
-            stops = ["</search>"] if search_fn is not None else []
-            stops.append(f"</{_final_kind(s.req.role)}>")
-            samplings.append(SamplingConfig(
-                temperature=cfg.temperature, top_p=cfg.top_p, stop=stops, seed=_turn_seed(cfg.seed, i, turn),
-                max_tokens=min(cfg.max_tokens_per_turn, limit - len(s.ids)),
-            ))
+        # every active trajectory has had exactly `turn` turns, so _sampling_for's seed is today's (seed, i, turn)
+        samplings = [_sampling_for(states[i], i, cfg, search_fn, limit) for i in active]
         outs = engine.generate([states[i].ids for i in active], samplings)
         if len(outs) != len(active):
             raise RuntimeError(f"engine returned {len(outs)} outputs for {len(active)} prompts")
@@ -202,10 +287,100 @@ def run_rollouts(
             bar.update(1)
     if bar is not None:
         bar.close()
-    for s in states:
-        if not s.done:  # defensive: _absorb_turn never queues a search past the last turn
-            s.stop_reason, s.pending_query = "max_turns", None
-    return [_to_trajectory(s, tok) for s in states]
+
+
+def _per_trajectory(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any,
+                    limit: int, timing: dict) -> None:
+    """The trajectory schedule: one state machine per trajectory over a stepped engine.
+
+        submit(turn) -> engine decodes it among the others -> _absorb_turn
+          -> final action / stop: done
+          -> search: the queries of this engine step go to a thread as one search_fn call; the engine
+             keeps decoding the rest; when the documents are back the block is appended (mask 0) and
+             the next turn is submitted at once.
+
+    The engine interface is engine.submit(key, prompt_ids, sampling), engine.step() -> [(key, GenOutput)]
+    for the requests that finished in that step, engine.num_unfinished() and engine.abort_all().
+    At most cfg.max_inflight sequences are in the engine (0 = no bound here).
+
+    No importance correction is needed: the engine's weights are fixed for the whole call (a weight sync
+    happens between steps, never during a rollout), so every token is sampled by the policy the step
+    trains, exactly as under the turn schedule. No rollout continues across steps.
+
+    Token ids stay the source of truth: the sampled ids are appended verbatim by _absorb_turn and only the
+    information block is tokenised (in this thread; the worker threads only call search_fn).
+    """
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    if not hasattr(engine, "submit"):  # an engine with generate() only: one batch per step
+        engine = GenerateStepper(engine)
+    ready: deque[int] = deque(i for i, s in enumerate(states) if not s.done)
+    inflight: set[int] = set()
+    searching: dict[Any, list[int]] = {}
+    bound = cfg.max_inflight or len(states)
+    bar = None
+    if cfg.progress:
+        from tqdm import tqdm
+        bar = tqdm(total=len(states), desc="rollout trajectories", leave=False)
+    pool = ThreadPoolExecutor(max_workers=cfg.search_workers, thread_name_prefix="rollout-search")
+    try:
+        while ready or inflight or searching:
+            # 1. documents that are back: append them, and their trajectories' next turns are ready
+            for fut in [f for f in searching if f.done()]:
+                waiting = searching.pop(fut)
+                results, failed = fut.result()
+                for i in waiting:  # in trajectory order, whatever order the calls came back in
+                    _append_info(states[i], results.get(i, []), failed, cfg, tok, limit)
+                    if states[i].done:
+                        _finished(bar)
+                    else:
+                        ready.append(i)
+            # 2. fill the engine up to the bound
+            while ready and len(inflight) < bound:
+                i = ready.popleft()
+                engine.submit(i, states[i].ids, _sampling_for(states[i], i, cfg, search_fn, limit))
+                inflight.add(i)
+            if not inflight:
+                if searching:  # nothing to decode: the engine idles until a search returns
+                    t0 = time.perf_counter()
+                    wait(list(searching), return_when=FIRST_COMPLETED)
+                    timing["engine_idle_s"] += time.perf_counter() - t0
+                continue
+            # 3. one engine step; the turns that ended in it
+            asking = []
+            for i, out in sorted(engine.step(), key=lambda kv: kv[0]):
+                inflight.discard(i)
+                s = states[i]
+                _absorb_turn(s, out, cfg, tok, search_fn, limit)
+                if s.pending_query is not None:
+                    asking.append(i)
+                elif s.done:
+                    _finished(bar)
+            if asking:
+                waiting = [states[i] for i in asking]
+                fut = pool.submit(_fetch_docs_by_index, asking, waiting, search_fn, cfg)
+                searching[fut] = asking
+    except BaseException:
+        if inflight and hasattr(engine, "abort_all"):
+            engine.abort_all()  # leave the engine empty for the next call
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        if bar is not None:
+            bar.close()
+
+
+def _finished(bar: Any) -> None:
+    if bar is not None:
+        bar.update(1)
+
+
+def _fetch_docs_by_index(idx: list[int], waiting: list[_State], search_fn: SearchFn,
+                         cfg: RolloutConfig) -> tuple[dict[int, list[dict]], bool]:
+    """Worker thread: one search_fn call for these trajectories' queries; ({trajectory index: docs}, failed)."""
+    results, failed = _fetch_docs(waiting, search_fn, cfg)
+    asked = [i for i, s in zip(idx, waiting) if s.pending_query]
+    return ({i: list(r or []) for i, r in zip(asked, results)} if results is not None else {}), failed
 
 
 def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: SearchFn | None, limit: int) -> None:
@@ -255,48 +430,57 @@ def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: Rollo
     waiting = [s for s in states if s.pending_query is not None]
     if not waiting:
         return
+    results, failed = _fetch_docs(waiting, search_fn, cfg)
     asked = [s for s in waiting if s.pending_query]
-    results: list[list[dict]] | None = None
-    failed = False
-    if asked:
-        try:
-            queries = [s.pending_query for s in asked]
-            if getattr(search_fn, "wants_context", False):
-                # simulated search (ZeroSearch) writes documents knowing the question and its answer
-                contexts = [{"question": s.req.question, "answer": s.req.answer} for s in asked]
-                results = search_fn(queries, cfg.topk, contexts=contexts)
-            else:
-                results = search_fn(queries, cfg.topk)
-            if not isinstance(results, list) or len(results) != len(asked):
-                got = len(results) if isinstance(results, list) else type(results).__name__
-                raise ValueError(f"search_fn returned {got} result lists for {len(asked)} queries")
-        except Exception as e:  # noqa: BLE001 - a failing backend must not kill the run; counted per trajectory
-            log.warning("search_fn failed for %d queries: %s: %s", len(asked), type(e).__name__, e)
-            failed = True
-    by_id = {id(s): k for k, s in enumerate(asked)}
+    by_id = {id(s): list(r or []) for s, r in zip(asked, results or [])}
     for s in waiting:
-        q = s.pending_query
-        s.pending_query = None
-        docs: list[dict] = []
-        if not q:  # "<search></search>": not a search, but the model still gets a block saying so
-            body = EMPTY_QUERY_TEXT
-        elif failed:
-            s.search_failed += 1
-            body = SEARCH_FAILED_TEXT
+        _append_info(s, by_id.get(id(s), []), failed, cfg, tok, limit)
+
+
+def _fetch_docs(waiting: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig) -> tuple[list | None, bool]:
+    """One search_fn call for the non-empty queries of `waiting`: (one result list per asked query, failed)."""
+    asked = [s for s in waiting if s.pending_query]
+    if not asked:
+        return [], False
+    try:
+        queries = [s.pending_query for s in asked]
+        if getattr(search_fn, "wants_context", False):
+            # simulated search (ZeroSearch) writes documents knowing the question and its answer
+            contexts = [{"question": s.req.question, "answer": s.req.answer} for s in asked]
+            results = search_fn(queries, cfg.topk, contexts=contexts)
         else:
-            docs = list(results[by_id[id(s)]] or [])
-            body = format_docs(docs)
-        block = info_block_tokens(tok, body, cfg.max_info_tokens)
-        if len(s.ids) + len(block) >= limit:
-            s.stop_reason, s.cap = "max_tokens", "total"  # no room left to read the documents and answer
-            continue
-        if q:  # a search counts once its results are in the sequence the model reads
-            s.queries.append(q)
-            s.docs.append(docs)
-        s.ids += block
-        s.mask += [0] * len(block)
-        s.logprobs += [0.0] * len(block)
-        s.texts.append(tok.decode(block, skip_special_tokens=False))
+            results = search_fn(queries, cfg.topk)
+        if not isinstance(results, list) or len(results) != len(asked):
+            got = len(results) if isinstance(results, list) else type(results).__name__
+            raise ValueError(f"search_fn returned {got} result lists for {len(asked)} queries")
+    except Exception as e:  # noqa: BLE001 - a failing backend must not kill the run; counted per trajectory
+        log.warning("search_fn failed for %d queries: %s: %s", len(asked), type(e).__name__, e)
+        return None, True
+    return results, False
+
+
+def _append_info(s: _State, docs: list[dict], failed: bool, cfg: RolloutConfig, tok: Any, limit: int) -> None:
+    """Append the information block answering s.pending_query (mask 0), or end the trajectory if it cannot fit."""
+    q = s.pending_query
+    s.pending_query = None
+    if not q:  # "<search></search>": not a search, but the model still gets a block saying so
+        docs, body = [], EMPTY_QUERY_TEXT
+    elif failed:
+        s.search_failed += 1
+        docs, body = [], SEARCH_FAILED_TEXT
+    else:
+        body = format_docs(docs)
+    block = info_block_tokens(tok, body, cfg.max_info_tokens)
+    if len(s.ids) + len(block) >= limit:
+        s.stop_reason, s.cap = "max_tokens", "total"  # no room left to read the documents and answer
+        return
+    if q:  # a search counts once its results are in the sequence the model reads
+        s.queries.append(q)
+        s.docs.append(docs)
+    s.ids += block
+    s.mask += [0] * len(block)
+    s.logprobs += [0.0] * len(block)
+    s.texts.append(tok.decode(block, skip_special_tokens=False))
 
 
 def info_block_tokens(tok: Any, body: str, max_tokens: int) -> list[int]:

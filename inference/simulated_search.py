@@ -178,6 +178,9 @@ class SimulatedSearch:
 
     # The rollout loop passes per-query contexts (question, answer) to backends that want them.
     wants_context = True
+    # Its RNG draws depend on the order of the calls, and with engine= it may generate with the policy's
+    # own engine: the rollout must not call it from threads beside the engine (turn schedule instead).
+    concurrent_safe = False
 
     def __init__(
         self,
@@ -345,6 +348,7 @@ class SimulatedSearch:
 
     # The rollout finds the flag on a bound `backend.search` too (method attributes fall through to the function).
     search.wants_context = True  # type: ignore[attr-defined]
+    search.concurrent_safe = False  # type: ignore[attr-defined]
 
     def _generate(self, messages: list[list[dict]], seeds: list[int]) -> tuple[list[str | None], Exception | None]:
         """One reply per chat (None where it failed), and the exception that failed them all, if one did."""

@@ -13,7 +13,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 EVAL_SETS = ["data/eval/capitals.jsonl", "data/eval/fanoutqa_singlehop.jsonl"]
-PROTOCOL_KEYS = ("model", "engine", "retriever", "topk", "max_turns", "token_caps", "template", "judge", "sampling", "examples")
+PROTOCOL_KEYS = ("model", "engine", "retriever", "topk", "max_turns", "token_caps", "template", "judge", "sampling", "examples",
+                 "schedule")
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -29,6 +30,9 @@ class TimedSearch:
         self.backend = backend
         # the rollout loop passes (question, answer) contexts to backends that want them (simulated search)
         self.wants_context = bool(getattr(backend, "wants_context", False))
+        # the rollout's trajectory schedule calls search from several threads at once where the backend allows
+        self.concurrent_safe = bool(getattr(backend, "concurrent_safe", True))
+        self._lock = threading.Lock()
         self.reset()
 
     def reset(self) -> None:
@@ -37,17 +41,20 @@ class TimedSearch:
 
     def search(self, queries: list[str], topk: int, contexts: list[dict] | None = None) -> list[list[dict]]:
         t0 = time.perf_counter()
-        self.calls += 1
-        self.queries += len(queries)
+        with self._lock:
+            self.calls += 1
+            self.queries += len(queries)
         try:
             if self.wants_context:
                 return self.backend.search(queries, topk, contexts=contexts)
             return self.backend.search(queries, topk)
         except Exception:
-            self.failures += 1
+            with self._lock:
+                self.failures += 1
             raise  # the rollout loop records it per trajectory and carries on
         finally:
-            self.seconds += time.perf_counter() - t0
+            with self._lock:  # summed over concurrent calls: seconds spent in search, not wall time
+                self.seconds += time.perf_counter() - t0
 
 
 def build_search_backend(cfg: Config, kind: str, engine: TokenGenerator | None = None, seed: int = 0):

@@ -18,7 +18,7 @@ from inference.engine_api import MAX_MODEL_LEN  # light: these modules import no
 from inference.game import RAG_VERIFIERS, GameConfig
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
-from inference.rollout import RolloutConfig
+from inference.rollout import SCHEDULES, RolloutConfig
 from training.flags import F
 from training.input_checks import model_path_errors
 
@@ -72,6 +72,12 @@ class RolloutArgs:
     max_info_tokens: int = F(RolloutConfig.max_info_tokens, "token budget of one <information> block, tags included "
                                                             "(retrieved docs are cut to it; Search-R1's max_obs_length "
                                                             "is 500)")
+    rollout_schedule: str = F(RolloutConfig.schedule, "trajectory: each trajectory's next turn starts as soon as its "
+                                                      "search returns, searches overlap decoding; turn: one engine call "
+                                                      "per turn for all, then one search call (same trajectories)",
+                              choices=SCHEDULES)
+    max_inflight: int = F(RolloutConfig.max_inflight, "trajectory schedule: most sequences in the engine at once "
+                                                      "(0 = the engine's own limit)")
 
     def check(self) -> list[str]:
         """What is wrong with the rollout's own fields ([] when nothing is)."""

@@ -154,7 +154,8 @@ def rollout_configs(cfg: Config, step: int, dp_rank: int) -> dict[str, RolloutCo
         max_turns=r.max_turns, max_total_tokens=r.max_total_tokens, max_tokens_per_turn=r.max_tokens_per_turn,
         max_info_tokens=r.max_info_tokens, topk=cfg.search.topk, temperature=r.temperature, top_p=r.top_p,
         seed=cfg.optimisation.seed * 1_000_003 + step * 1009 + dp_rank,
-        self_search=getattr(cfg.search, f"{role}_search") == "self", progress=D.is_main())
+        self_search=getattr(cfg.search, f"{role}_search") == "self", progress=D.is_main(),
+        schedule=r.rollout_schedule, max_inflight=r.max_inflight)
         for role in ("proposer", "solver")}
 
 
@@ -163,4 +164,5 @@ def eval_rollout_config(cfg: Config) -> RolloutConfig:
     r = cfg.rollout
     return RolloutConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
                          max_tokens_per_turn=r.max_tokens_per_turn, max_info_tokens=r.max_info_tokens,
-                         topk=cfg.search.topk, temperature=0.0)
+                         topk=cfg.search.topk, temperature=0.0, schedule=r.rollout_schedule,
+                         max_inflight=r.max_inflight)

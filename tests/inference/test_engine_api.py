@@ -15,7 +15,8 @@ from typing import Protocol
 import pytest
 import torch
 
-from inference.engine_api import (WAKE_TAGS, GenOutput, RolloutEngine, SamplingConfig, TokenGenerator, cut_at_stop)
+from inference.engine_api import (WAKE_TAGS, GenerateStepper, GenOutput, RolloutEngine, SamplingConfig, SteppedGenerator,
+                                  TokenGenerator, cut_at_stop)
 from inference.engines import VLLMEngine
 from inference.hf_engine import HFEngine
 
@@ -58,6 +59,40 @@ def test_each_engine_implements_every_method_with_the_protocols_signature(engine
         assert got.return_annotation == want.return_annotation, (engine.__name__, name)
 
 
+@pytest.mark.parametrize("engine", [*ENGINES, GenerateStepper], ids=lambda c: c.__name__)
+def test_each_engine_is_stepped_with_the_protocols_signature(engine):
+    """The trajectory schedule's submit/step (inference/rollout.py) on vLLM, HF and the generate()-only adapter."""
+    methods, data = protocol_members(SteppedGenerator)
+    assert methods - protocol_members(TokenGenerator)[0] == {"submit", "step", "num_unfinished", "abort_all"}
+    assert "lockstep_ranks" in data and hasattr(engine, "lockstep_ranks"), engine.__name__
+    for name in sorted(methods - {"generate"}):
+        want, impl = inspect.signature(getattr(SteppedGenerator, name)), getattr(engine, name, None)
+        assert callable(impl) and impl is not getattr(SteppedGenerator, name), (engine.__name__, name)
+        got = inspect.signature(impl)
+        assert [(p.name, p.kind, p.default) for p in got.parameters.values()] == \
+               [(p.name, p.kind, p.default) for p in want.parameters.values()], (engine.__name__, name)
+
+
+def test_the_adapter_batches_what_was_submitted_since_the_last_step():
+    """GenerateStepper over a generate()-only engine: one generate() per step, keys back in order, then empty."""
+    class Echo:
+        tokenizer, max_model_len, calls = None, 64, []
+
+        def generate(self, prompts, sampling):
+            self.calls.append(len(prompts))
+            return [GenOutput(list(p[-1:]), [0.0], "", "eos", None) for p in prompts]
+
+    s = GenerateStepper(Echo())
+    s.submit("a", [1, 2], SamplingConfig(max_tokens=1))
+    s.submit("b", [3], SamplingConfig(max_tokens=1))
+    assert s.num_unfinished() == 2
+    assert [(k, o.token_ids) for k, o in s.step()] == [("a", [2]), ("b", [3])]
+    assert s.num_unfinished() == 0 and s.step() == [] and Echo.calls == [2]
+    s.submit("c", [4], SamplingConfig(max_tokens=1))
+    s.abort_all()
+    assert s.num_unfinished() == 0 and s.step() == [] and Echo.calls == [2]
+
+
 def test_a_class_missing_a_method_is_not_a_rollout_engine():
     """The check above, and isinstance, would catch an engine that drops a member."""
     class NoSleep:
@@ -94,7 +129,7 @@ def attributes_used(path: str, receivers: set[str]) -> set[str]:
 
 CALLERS = [  # (file, receivers bound to an engine there, the protocol they are typed with)
     ("training/hybrid.py", {"self.llm"}, RolloutEngine),
-    ("inference/rollout.py", {"engine"}, TokenGenerator),
+    ("inference/rollout.py", {"engine"}, SteppedGenerator),
     ("inference/game.py", {"engine"}, TokenGenerator),
     ("inference/evaluate.py", {"engine"}, TokenGenerator),
     ("inference/rag_check.py", {"engine"}, TokenGenerator),

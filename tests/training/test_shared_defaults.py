@@ -80,8 +80,10 @@ def test_eval_flags_take_their_defaults_from_the_rollout_and_agree_with_train():
 
     ev, train = parser_defaults(eval_cli.build_parser()), parser_defaults(build_parser())
     rollout = {k: v for k, v in defaults(RolloutConfig).items() if k in ev and k not in ("temperature", "seed")}
-    assert set(rollout) == {"topk", "max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens", "self_search"}
+    assert set(rollout) == {"topk", "max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens", "self_search",
+                            "max_inflight"}
     assert {k: ev[k] for k in rollout} == rollout
+    assert ev["rollout_schedule"] == train["rollout_schedule"] == RolloutConfig.schedule == "trajectory"
     assert (ev["template"], ev["samples"], ev["batch_size"]) == (EvalConfig.template, EvalConfig.samples,
                                                                  EvalConfig.batch_size)
     assert ev["temperature"] == EvalConfig().rollout.temperature == 0.0       # eval is greedy, unlike training
