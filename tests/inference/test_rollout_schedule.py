@@ -99,7 +99,7 @@ def assert_same_trajectories(a, b):
         assert x.token_ids == y.token_ids, f"trajectory {k}: token ids differ"
         assert x.loss_mask == y.loss_mask, f"trajectory {k}: loss masks differ"
         assert x.stop_reason == y.stop_reason and x.num_turns == y.num_turns and x.num_searches == y.num_searches
-        assert x.info["queries"] == y.info["queries"] and x.info["docs"] == y.info["docs"]
+        assert x.queries == y.queries and x.docs == y.docs and x.cap == y.cap and x.search_failed == y.search_failed
         assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) <= LOGPROB_TOL
         assert all(p == 0.0 for p, m in zip(y.logprobs, y.loss_mask) if m == 0)
 
