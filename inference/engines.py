@@ -140,7 +140,6 @@ class VLLMEngine:
     # --- generation ---------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig | Sequence[SamplingConfig]) -> list[GenOutput]:
         """One batched LLM.generate call (vLLM schedules the batch); see TokenGenerator.generate."""
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
         if not prompts:
@@ -153,32 +152,9 @@ class VLLMEngine:
                 f"vLLM discarded its weights in a level-2 sleep and {len(missing)} were not sent again "
                 f"(e.g. {missing[:3]}): generation would read garbage. Send every weight after a level-2 "
                 f"sleep, or sleep at level 1 (weights kept in host memory) when some are never re-sent")
-        samplings = per_prompt_sampling(sampling, len(prompts))
-        params = [
-            SamplingParams(
-                n=1, temperature=s.temperature, top_p=s.top_p, max_tokens=s.max_tokens, min_tokens=s.min_tokens,
-                stop=list(s.stop) or None, include_stop_str_in_output=True, logprobs=0, seed=s.seed,
-            )
-            for s in samplings
-        ]
+        params = [self._sampling_params(s) for s in per_prompt_sampling(sampling, len(prompts))]
         reqs = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
-        outs = self.llm.generate(reqs, params, use_tqdm=False)
-        results = []
-        for o in outs:
-            c = o.outputs[0]
-            ids = list(c.token_ids)
-            # logprobs=0 returns the sampled token's entry at each position (sometimes plus a top-1).
-            lps = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs or [])]
-            if len(lps) != len(ids):
-                raise RuntimeError(f"vLLM returned {len(lps)} logprobs for {len(ids)} tokens")
-            if c.finish_reason == "length":
-                reason, stop_str = "length", None
-            elif isinstance(c.stop_reason, str):
-                reason, stop_str = "stop", c.stop_reason
-            else:  # None = EOS, int = a stop token id: both end the turn like EOS
-                reason, stop_str = "eos", None
-            results.append(GenOutput(ids, lps, c.text, reason, stop_str))
-        return results
+        return [self._gen_output(o) for o in self.llm.generate(reqs, params, use_tqdm=False)]
 
     # --- weight sync --------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -305,7 +281,8 @@ class VLLMEngine:
 
     @staticmethod
     def _sampling_params(s: SamplingConfig) -> Any:
-        """The SamplingParams generate() builds for one prompt (output only when the request finishes)."""
+        """The SamplingParams of one prompt, for generate() and submit() alike (output only when the request
+        finishes: LLM.generate keeps only finished outputs, and step() returns only those)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -317,7 +294,8 @@ class VLLMEngine:
 
     @staticmethod
     def _gen_output(o: Any) -> GenOutput:
-        """A finished RequestOutput as generate() returns it."""
+        """A finished RequestOutput as a GenOutput. logprobs=0 returns the sampled token's entry at each position
+        (sometimes plus a top-1)."""
         c = o.outputs[0]
         ids = list(c.token_ids)
         lps = [float(pos[t].logprob) for t, pos in zip(ids, c.logprobs or [])]
