@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO))
 from bench.report import md_table, write_results  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
 from inference.hf_engine import HFEngine  # noqa: E402
-from inference.prompts import SOLVER_INSTRUCTION, build_solver_prompt  # noqa: E402
+from inference.prompts import SEARCH_FEW_SHOT, SOLVER_INSTRUCTION, build_solver_prompt  # noqa: E402
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
 from utils.assets import smollm2_dir  # noqa: E402
 
@@ -51,13 +51,6 @@ from utils.assets import smollm2_dir  # noqa: E402
 MEASURES = ["bench/bench_rollout.py", "inference/engines.py", "inference/hf_engine.py",
             "inference/prompts.py", "inference/rollout.py", "retrieval/retriever.py"]
 
-FEW_SHOT = (
-    "Question: What is the capital of Italy?\n<search> capital of Italy </search>\n\n<information>Doc 1 (Title: Rome) "
-    "Rome is the capital city of Italy.\n</information>\n\n<answer> Rome </answer>\n\n"
-    "Question: Who discovered penicillin?\n<search> penicillin discovery </search>\n\n<information>Doc 1 (Title: "
-    "Penicillin) Penicillin was discovered by Alexander Fleming in 1928.\n</information>\n\n<answer> Alexander Fleming "
-    "</answer>\n\n"
-)
 
 
 def parse_args() -> argparse.Namespace:
@@ -135,7 +128,7 @@ def load_search(args) -> tuple[object, str]:
 def build_prompts(tok, questions: list[str], kind: str) -> list[list[int]]:
     if kind == "solver":
         return [build_solver_prompt(tok, q) for q in questions]
-    head = SOLVER_INSTRUCTION + "\n\n" + FEW_SHOT
+    head = SOLVER_INSTRUCTION + "\n\n" + SEARCH_FEW_SHOT
     return [tok(head + f"Question: {q}\n", add_special_tokens=False)["input_ids"] for q in questions]
 
 
@@ -151,13 +144,17 @@ def timed_rollout(engine, prompts, search, cfg):
     return time.perf_counter() - t0, time.process_time() - c0, trajs
 
 
-def main() -> None:
-    args = parse_args()
-    # Before torch is imported: both engines get the same thread count.
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+def cpu_env(threads: int) -> None:
+    """Before torch is imported: the thread count every engine gets, in-process vLLM, no hub."""
+    os.environ["OMP_NUM_THREADS"] = str(threads)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def main() -> None:
+    args = parse_args()
+    cpu_env(args.threads)
     import torch
     from tqdm import tqdm
 

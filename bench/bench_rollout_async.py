@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.bench_rollout import build_prompts, load_questions, load_search  # noqa: E402
+from bench.bench_rollout import build_prompts, cpu_env, load_questions, load_search  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
@@ -131,10 +131,7 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cpu_env(args.threads)
     import torch
 
     torch.set_num_threads(args.threads)

@@ -230,3 +230,14 @@ def format_docs(docs: Iterable[Any] | None) -> str:
         text = " ".join(text.split())
         lines.append(f"Doc {i} (Title: {title.strip()}) {text}")
     return "\n".join(lines) + "\n" if lines else "No results.\n"
+
+
+# A two-example few-shot head of the search protocol, for a model with no chat tuning: the rollout benches and
+# the rollout tests prompt a base or instruct model with it, so it searches and answers in the protocol's tags.
+SEARCH_FEW_SHOT = (
+    "Question: What is the capital of Italy?\n<search> capital of Italy </search>\n\n<information>Doc 1 (Title: Rome) "
+    "Rome is the capital city of Italy.\n</information>\n\n<answer> Rome </answer>\n\n"
+    "Question: Who discovered penicillin?\n<search> penicillin discovery </search>\n\n<information>Doc 1 (Title: "
+    "Penicillin) Penicillin was discovered by Alexander Fleming in 1928.\n</information>\n\n<answer> Alexander Fleming "
+    "</answer>\n\n"
+)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference.engine_api import GenOutput, SamplingConfig, cut_at_stop
-from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
+from inference.prompts import SEARCH_FEW_SHOT, build_proposer_prompt, build_solver_prompt, format_docs
 from inference.rollout import (
     EMPTY_QUERY_TEXT, INFO_CLOSE, INFO_OPEN, SEARCH_FAILED_TEXT, RolloutConfig, RolloutRequest, info_block_tokens,
     run_rollouts,
@@ -280,13 +280,6 @@ def test_self_search_masks_the_models_own_information(tiny):
 
 # --- the real thing: SmolLM2-135M through vLLM, real BM25, several turns -----------------------
 
-FEW_SHOT = (
-    "Question: What is the capital of Italy?\n<search> capital of Italy </search>\n\n<information>Doc 1 (Title: Rome) "
-    "Rome is the capital city of Italy.\n</information>\n\n<answer> Rome </answer>\n\n"
-    "Question: Who discovered penicillin?\n<search> penicillin discovery </search>\n\n<information>Doc 1 (Title: "
-    "Penicillin) Penicillin was discovered by Alexander Fleming in 1928.\n</information>\n\n<answer> Alexander Fleming "
-    "</answer>\n\n"
-)
 
 
 class Recording:
@@ -323,7 +316,7 @@ def test_real_multi_turn_rollout_invariants(smollm2_vllm, bm25):
     eng = Recording(smollm2_vllm)
     qs = ["What is the capital of France?", "Who wrote Hamlet?", "Which river flows through Vienna?",
           "Who painted the Mona Lisa?"]
-    reqs = [RolloutRequest("solver", f"g{i}", _enc(tok, FEW_SHOT + f"Question: {q}\n"), question=q)
+    reqs = [RolloutRequest("solver", f"g{i}", _enc(tok, SEARCH_FEW_SHOT + f"Question: {q}\n"), question=q)
             for i, q in enumerate(qs)]
     cfg = RolloutConfig(max_turns=3, max_tokens_per_turn=40, max_info_tokens=160, topk=2, seed=11)
     trs = run_rollouts(eng, reqs, bm25.search, cfg)

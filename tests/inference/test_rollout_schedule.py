@@ -20,19 +20,13 @@ import threading
 import pytest
 
 from inference.hf_engine import HFEngine
+from inference.prompts import SEARCH_FEW_SHOT
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 
 pytestmark = pytest.mark.timeout(900)
 
 LOGPROB_TOL = 1e-4  # absolute, on log-probs of magnitude < 20: fp32 rounding of differently shaped batches
 
-FEW_SHOT = (
-    "Question: What is the capital of Italy?\n<search> capital of Italy </search>\n\n<information>Doc 1 (Title: Rome) "
-    "Rome is the capital city of Italy.\n</information>\n\n<answer> Rome </answer>\n\n"
-    "Question: Who discovered penicillin?\n<search> penicillin discovery </search>\n\n<information>Doc 1 (Title: "
-    "Penicillin) Penicillin was discovered by Alexander Fleming in 1928.\n</information>\n\n<answer> Alexander Fleming "
-    "</answer>\n\n"
-)
 QUESTIONS = ["What is the capital of France?", "Who wrote Hamlet?", "Which river flows through Vienna?",
              "Who painted the Mona Lisa?"]
 
@@ -89,7 +83,7 @@ class InflightProbe:
 
 
 def _requests(tok, questions=QUESTIONS):
-    return [RolloutRequest("solver", f"g{i}", tok(FEW_SHOT + f"Question: {q}\n", add_special_tokens=False)["input_ids"],
+    return [RolloutRequest("solver", f"g{i}", tok(SEARCH_FEW_SHOT + f"Question: {q}\n", add_special_tokens=False)["input_ids"],
                            question=q) for i, q in enumerate(questions)]
 
 
