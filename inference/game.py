@@ -9,7 +9,7 @@
     sols  = run_rollouts(every question x G_s)                 # ONE batched call
     solver reward   = correct (EM, else judge) / spam_divisor if the answer tag was spammed
                       (self_search_format_reward: 0.9 correct + 0.1 format, inference/self_search.py)
-    proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  invalid_penalty if invalid
+    proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  format_penalty if invalid
     pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
 Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
@@ -64,10 +64,10 @@ class GameConfig:
     """The game's settings. Each field's default is the one default of that setting: train.py's flags
     (training/config.py) read it from here, so the two cannot drift apart."""
     # --- sampling ---
-    proposer_samples: int = 1
+    proposer_n: int = 1
     """G_p: proposer rollouts per prompt. 1 is SSP's setting (PROPOSER_N=1); group-norm advantages
     then give the proposer no baseline, so pair G_p=1 with a batch or EMA baseline."""
-    solver_samples: int = 5
+    solver_n: int = 5
     """G_s: solver rollouts per question. SSP uses 5 (its n); the proposer's reward is read off this group."""
     template: str = "auto"
     """Chat template for both roles (inference.prompts.TEMPLATES)."""
@@ -80,7 +80,7 @@ class GameConfig:
     searches_at_least_n: bool = False
     """Also require the n searches the prompt asked for (the SSP paper's intent)."""
     # --- RAG check ---
-    rag_verifier: str = "off"
+    rag_verify: str = "off"
     """Who answers the question from the proposer's documents: "judge" (the judge server, as SSP),
     "policy" (the policy itself, greedy, no search) or "off" (skip the check). Off by default because
     the default judge is exact match, with no server to answer the check."""
@@ -95,7 +95,7 @@ class GameConfig:
     rag_max_context_chars: int = 12000
     """All documents together; distractors are dropped first when over (~3k tokens)."""
     # --- pool of past valid questions ---
-    pool_fill: bool = True
+    use_pool: bool = True
     """Fill the solver slot of an invalid question with a past valid question, so the solver
     batch keeps its size while the proposer is still bad (SSP's get_random_existing_problems)."""
     pool_size: int = 256
@@ -115,7 +115,7 @@ class GameConfig:
     proposer_reward: str = "auto"
     """"1-acc" (SSP's default: harder is better), "4s(1-s)" (favours questions solved half the time), or
     "auto": 1-acc when a RAG check rejects unanswerable questions, else 4s(1-s) (resolve_proposer_reward)."""
-    invalid_penalty: float = -1.0
+    format_penalty: float = -1.0
     """Proposer reward for an invalid question; below every valid reward (>= 0) so invalid is always worse."""
     spam_divisor: float = 4.0
     """Solver reward divisor when the answer tag is spammed (SSP divides by 4)."""
@@ -128,11 +128,11 @@ class GameConfig:
     """Seeds distractor choice, document order and pool sampling (mixed with the step)."""
 
     def __post_init__(self) -> None:
-        if self.proposer_samples < 1 or self.solver_samples < 1:
-            raise ValueError(f"proposer_samples and solver_samples must be >= 1, got {self.proposer_samples}, {self.solver_samples}")
-        if self.rag_verifier not in RAG_VERIFIERS:
-            raise ValueError(f"rag_verifier must be one of {RAG_VERIFIERS}, got {self.rag_verifier!r}")
-        self.proposer_reward = resolve_proposer_reward(self.proposer_reward, self.rag_verifier)
+        if self.proposer_n < 1 or self.solver_n < 1:
+            raise ValueError(f"proposer_n and solver_n must be >= 1, got {self.proposer_n}, {self.solver_n}")
+        if self.rag_verify not in RAG_VERIFIERS:
+            raise ValueError(f"rag_verify must be one of {RAG_VERIFIERS}, got {self.rag_verify!r}")
+        self.proposer_reward = resolve_proposer_reward(self.proposer_reward, self.rag_verify)
         if self.proposer_reward not in PROPOSER_REWARD_KINDS:
             raise ValueError(f"proposer_reward must be auto or one of {PROPOSER_REWARD_KINDS}, "
                              f"got {self.proposer_reward!r}")
@@ -154,13 +154,13 @@ class GameConfig:
         return self.pool_min_solve_rate <= solve_rate <= self.pool_max_solve_rate
 
 
-def resolve_proposer_reward(kind: str, rag_verifier: str) -> str:
+def resolve_proposer_reward(kind: str, rag_verify: str) -> str:
     """What proposer_reward "auto" stands for: 1-acc when a RAG check (judge or policy) rejects unanswerable
     questions, else 4s(1-s), since without the check 1-acc pays the most for a question that is wrong.
     Any other kind is kept."""
     if kind != "auto":
         return kind
-    return "1-acc" if rag_verifier != "off" else "4s(1-s)"
+    return "1-acc" if rag_verify != "off" else "4s(1-s)"
 
 
 def pool_clear_due(step: int, every: int) -> bool:
@@ -262,7 +262,7 @@ def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None
     for i, row in enumerate(rows):
         ids = build_proposer_prompt(engine.tokenizer, row.answer, row.search_turns, cfg.template)
         reqs += [RolloutRequest("proposer", f"s{step}-p{i}", ids, answer=row.answer,
-                                meta=GameMeta(search_turns=row.search_turns, row=i))] * cfg.proposer_samples
+                                meta=GameMeta(search_turns=row.search_turns, row=i))] * cfg.proposer_n
     return run_rollouts(engine, reqs, search_fn, rollout_cfg)
 
 
@@ -280,7 +280,7 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
         reasons.append(check_question(q, t.answer, t.queries, t.docs,
                                       t.meta.search_turns, fcfg))
     survivors = [i for i, why in enumerate(reasons) if why is None]
-    if cfg.rag_verifier == "off":
+    if cfg.rag_verify == "off":
         return reasons, {i: True for i in survivors}
     verdict = rag_check(survivors, props, engine, judge, cfg, rng, max_info_tokens)
     unavailable = sum(v is None for v in verdict.values())
@@ -308,7 +308,7 @@ def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: G
         source = q.get("source", "proposer" if q["proposer"] is not None else "pool")
         meta = GameMeta(proposer=q["proposer"], source=source, qcp=q.get("qcp"))
         reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
-                                meta=meta)] * cfg.solver_samples
+                                meta=meta)] * cfg.solver_n
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
 
 
@@ -333,7 +333,7 @@ def score(props: list[Trajectory], reasons: list[str | None], sols: list[Traject
             t.reward = proposer_reward(correct_by_prop[i], cfg.proposer_reward)
             t.outcome.solver_acc = _mean(correct_by_prop[i])
         else:
-            t.reward = cfg.invalid_penalty
+            t.reward = cfg.format_penalty
 
 
 def play_round(
@@ -352,9 +352,9 @@ def play_round(
 
     search_fn: one backend's `search` for both roles, or {"proposer": fn, "solver": fn} (a
         missing key or None = no search tool for that role).
-    judge: grades solver answers (Judge() = exact match only); with rag_verifier="judge" it
+    judge: grades solver answers (Judge() = exact match only); with rag_verify="judge" it
         also answers the RAG check, so it then needs a server.
-    pool: past valid questions; read to fill invalid slots (if cfg.pool_fill; distinct questions, as many
+    pool: past valid questions; read to fill invalid slots (if cfg.use_pool; distinct questions, as many
         as it holds), then extended with this round's valid questions whose solve rate lies in
         [cfg.pool_min_solve_rate, cfg.pool_max_solve_rate] (admit_to_pool). None = no pool.
     step: names the group ids and seeds this round's choices.
@@ -363,9 +363,9 @@ def play_round(
     qa_questions: fixed QA pairs ({"question", "answer"}) the solver also plays this round
         (Search-R1-style data, mixed in or alone when `rows` is empty: self-play off).
     """
-    if cfg.rag_verifier == "judge" and judge.mode != "llm":
-        raise ValueError("rag_verifier='judge' needs a judge server (Judge(url=...)); "
-                         "use rag_verifier='policy' or 'off' to run without one")
+    if cfg.rag_verify == "judge" and judge.mode != "llm":
+        raise ValueError("rag_verify='judge' needs a judge server (Judge(url=...)); "
+                         "use rag_verify='policy' or 'off' to run without one")
     if not rows and not qa_questions:
         raise ValueError("play_round needs at least one proposer row or QA question")
     prop_search, solver_search = _search_fns(search_fn)
@@ -382,7 +382,7 @@ def play_round(
     qcps = {i: qcp_of(props[i]) for i in valid}
     questions = [{"question": props[i].question, "answer": props[i].answer, "proposer": i, "qcp": qcps[i]}
                  for i in valid]
-    fills = pool.sample(len(props) - len(valid)) if (pool is not None and cfg.pool_fill) else []
+    fills = pool.sample(len(props) - len(valid)) if (pool is not None and cfg.use_pool) else []
     questions += [{"question": f["question"], "answer": f["answer"], "proposer": None, "qcp": f.get("qcp")}
                   for f in fills]
     questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}

@@ -22,7 +22,7 @@ from utils.text import exact_match
 class RagSettings(Protocol):
     """The game settings the RAG check reads (inference.game.GameConfig has them; the game imports this module,
     so this module names only what it needs)."""
-    rag_verifier: str
+    rag_verify: str
     rag_distractors: int
     rag_max_doc_chars: int
     rag_max_context_chars: int
@@ -133,7 +133,7 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
         picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
         prompts.append((i, picked))
 
-    if cfg.rag_verifier == "policy":
+    if cfg.rag_verify == "policy":
         tok = engine.tokenizer
         limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
         views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],

@@ -4,9 +4,10 @@ Issue 34, point 2: a setting was declared up to four times (the flags, GameConfi
 with different names and defaults. eval.py now builds its rollout flags from train.py's dataclass fields
 (training.config.add_field_flags); this test fails when any default drifts again.
 
-The flag -> field renames (proposer_n -> proposer_samples, use_pool -> pool_fill, ...) are written once,
-in training/setup.py's GameConfig(...)/RolloutConfig(...) calls; the test reads them from that source (ast), so
-the mapping has no second copy here.
+One name per setting too: the game's fields carry their flags' names (proposer_n, solver_n, use_pool,
+format_penalty, rag_verify were once proposer_samples, solver_samples, pool_fill, invalid_penalty, rag_verifier).
+The mapping is read from training/setup.py's GameConfig(...)/RolloutConfig(...) calls (ast), so it has no
+second copy here; a field fed from a flag of another name is refused unless RENAMES_KEPT says why.
 """
 
 from __future__ import annotations
@@ -102,8 +103,20 @@ def test_runtime_dataclass_defaults_equal_the_flags_that_feed_them():
     train, _ = _parsers()
     fed = {f for cls in ("GameConfig", "RolloutConfig") for f, _ in _feeds(REPO / "training/setup.py", cls)}
     # the renames are covered, read from the trainer's calls
-    assert {"proposer_samples", "pool_fill", "invalid_penalty", "rag_verifier", "max_turns"} <= fed
+    assert {"proposer_n", "use_pool", "format_penalty", "rag_verify", "max_turns"} <= fed
     assert not field_flag_mismatches(train)
+
+
+# dataclass field -> why it keeps a name other than its flag's
+RENAMES_KEPT = {
+    "schedule": "RolloutConfig.schedule is the rollout's own word; the flag says which schedule (--rollout_schedule)",
+}
+
+
+def test_each_runtime_field_has_its_flags_name():
+    renamed = [f"{cls}.{f} <- --{flag}" for cls in ("GameConfig", "RolloutConfig")
+               for f, flag in _feeds(REPO / "training/setup.py", cls) if f != flag and f not in RENAMES_KEPT]
+    assert not renamed, f"a setting with two names (name the field as its flag, or say why in RENAMES_KEPT): {renamed}"
 
 
 def test_a_changed_default_is_caught(monkeypatch):
@@ -115,8 +128,8 @@ def test_a_changed_default_is_caught(monkeypatch):
     assert shared_flag_mismatches(train, ev) == [
         f"--max_turns: train.py {train['--max_turns'].default!r}, eval.py {ev['--max_turns'].default!r}"]
     fields = {f.name: f for f in dataclasses.fields(GameConfig)}
-    monkeypatch.setattr(fields["invalid_penalty"], "default", -123.0)
-    assert any(m.startswith("GameConfig.invalid_penalty = -123.0") for m in field_flag_mismatches(train))
+    monkeypatch.setattr(fields["format_penalty"], "default", -123.0)
+    assert any(m.startswith("GameConfig.format_penalty = -123.0") for m in field_flag_mismatches(train))
 
 
 if __name__ == "__main__":

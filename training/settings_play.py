@@ -154,8 +154,8 @@ class SelfPlayArgs:
                                  "vllm_tp groups) plays B / (world / vllm_tp) of them, so an explicit B must be a "
                                  "multiple of world / vllm_tp. 0 = auto: 4 per data-parallel group (4 in a world of "
                                  "one, 32 on 8 GPUs at --vllm_tp 1), resolved at start-up and written to config.json")
-    proposer_n: int = F(GameConfig.proposer_samples, "G_p: proposer samples per prompt")
-    solver_n: int = F(GameConfig.solver_samples, "G_s: solver samples per valid question (one group, kept on one "
+    proposer_n: int = F(GameConfig.proposer_n, "G_p: proposer samples per prompt")
+    solver_n: int = F(GameConfig.solver_n, "G_s: solver samples per valid question (one group, kept on one "
                                                  "rank); SSP's n is 5")
     proposer_reward: str = F(GameConfig.proposer_reward,
                              "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
@@ -163,9 +163,9 @@ class SelfPlayArgs:
                              "check (--rag_verify judge|policy) rejects unanswerable questions, else 4s(1-s): "
                              "without the check 1-acc pays most for a question that is wrong",
                              choices=("auto", *PROPOSER_REWARD_KINDS))
-    format_penalty: float = F(GameConfig.invalid_penalty, "proposer reward for an invalid question; below every "
+    format_penalty: float = F(GameConfig.format_penalty, "proposer reward for an invalid question; below every "
                                                           "valid reward (>= 0)")
-    rag_verify: str = F(GameConfig.rag_verifier, "RAG check of each question: answered from its own docs + "
+    rag_verify: str = F(GameConfig.rag_verify, "RAG check of each question: answered from its own docs + "
                                                  "distractors by the judge (SSP's; needs --judge llm), the policy, or "
                                                  "skipped", choices=RAG_VERIFIERS)
     rag_distractors: int = F(GameConfig.rag_distractors, "k: distractor document sets shuffled into the RAG check "
@@ -186,7 +186,7 @@ class SelfPlayArgs:
                                   "--min_searches 2 the n = 1 weight folds into n = 2. The filter asks for "
                                   "--min_searches searches whatever n is; with --searches_at_least_n true each "
                                   "question needs its own n. Empty = off: each row keeps its own search_turns")
-    use_pool: bool = F(GameConfig.pool_fill, "refill failed question slots from a pool of earlier valid questions "
+    use_pool: bool = F(GameConfig.use_pool, "refill failed question slots from a pool of earlier valid questions "
                                              "(distinct ones: a slot the pool cannot fill stays empty)")
     pool_size: int = F(GameConfig.pool_size, "max questions kept in the pool, the oldest dropped first (checkpointed)")
     pool_min_solve_rate: float = F(GameConfig.pool_min_solve_rate, "a valid question joins the pool only when its "

@@ -111,13 +111,13 @@ def game_config(cfg: Config, dp_rank: int) -> GameConfig:
     """train.py's self-play flags as the game's settings (the flags take their defaults from GameConfig)."""
     sp = cfg.selfplay
     return GameConfig(
-        proposer_samples=sp.proposer_n, solver_samples=sp.solver_n, template=cfg.model.template,
+        proposer_n=sp.proposer_n, solver_n=sp.solver_n, template=cfg.model.template,
         min_searches=sp.min_searches, min_question_words=sp.min_question_words,
         searches_at_least_n=sp.searches_at_least_n,
-        rag_verifier=sp.rag_verify, rag_distractors=sp.rag_distractors,
-        pool_fill=sp.use_pool, pool_size=sp.pool_size, pool_min_solve_rate=sp.pool_min_solve_rate,
+        rag_verify=sp.rag_verify, rag_distractors=sp.rag_distractors,
+        use_pool=sp.use_pool, pool_size=sp.pool_size, pool_min_solve_rate=sp.pool_min_solve_rate,
         pool_max_solve_rate=sp.pool_max_solve_rate, pool_clear_every=sp.pool_clear_every,
-        proposer_reward=sp.proposer_reward, invalid_penalty=sp.format_penalty,
+        proposer_reward=sp.proposer_reward, format_penalty=sp.format_penalty,
         self_search_format_reward=cfg.search.self_search_format_reward,
         seed=cfg.optimisation.seed + 7919 * dp_rank)
 

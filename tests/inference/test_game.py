@@ -88,7 +88,7 @@ class Counting:
 @pytest.mark.timeout(600)
 def test_full_round_tiny_model(vllm_engine, bm25):
     rows = [ProposerRow("Algeria", 2), ProposerRow(["Abraham Lincoln", "Lincoln"], 3)]
-    cfg = GameConfig(proposer_samples=2, solver_samples=3, rag_verifier="policy", rag_distractors=1, seed=3)
+    cfg = GameConfig(proposer_n=2, solver_n=3, rag_verify="policy", rag_distractors=1, seed=3)
     pool = QuestionPool.from_list(SEED_POOL, max_size=8, seed=0)
     per_role = {"proposer": Counting(bm25.search), "solver": Counting(bm25.search)}
     res = play_round(vllm_engine, rows, per_role, Judge(), cfg, FAST, pool=pool, step=7)
@@ -129,7 +129,7 @@ def test_full_round_tiny_model(vllm_engine, bm25):
         if t.outcome.valid:
             assert 0.0 <= t.reward <= 1.0
         else:
-            assert t.reward == cfg.invalid_penalty and t.outcome.filter_reason in FILTER_REASONS + ("rag_failed",)
+            assert t.reward == cfg.format_penalty and t.outcome.filter_reason in FILTER_REASONS + ("rag_failed",)
     for t in sols:
         expected = (1.0 / cfg.spam_divisor if t.outcome.spam else 1.0) if t.outcome.correct else 0.0
         assert t.reward == expected
@@ -174,7 +174,7 @@ def handmade(bm25):
 
 def test_validate_and_score_valid_path(handmade):
     props = handmade
-    cfg = GameConfig(rag_verifier="off", solver_samples=4, proposer_reward="1-acc")
+    cfg = GameConfig(rag_verify="off", solver_n=4, proposer_reward="1-acc")
     reasons, verdict = validate(props, None, Judge(), cfg, random.Random(0))
     assert reasons == [None, "answer_in_question", "no_question", None]
     assert verdict == {0: True, 3: True}
@@ -196,7 +196,7 @@ def test_validate_and_score_valid_path(handmade):
     assert sols[2].outcome.spam and sols[2].outcome.correct and sols[3].outcome.pred is None
     # proposer: 1 - acc over its own group only (the pool question counts for nobody)
     assert props[0].reward == pytest.approx(1 - 2 / 4) and props[3].reward == pytest.approx(1 - 3 / 4)
-    assert props[1].reward == props[2].reward == cfg.invalid_penalty
+    assert props[1].reward == props[2].reward == cfg.format_penalty
     assert props[1].outcome.filter_reason == "answer_in_question"
 
     # the curriculum metric counts only the round's own questions: 8 fresh, 5 right (the pool's 1 is apart)
@@ -204,7 +204,7 @@ def test_validate_and_score_valid_path(handmade):
     assert (st["solver/fresh_trajs"], st["solver/fresh_correct"]) == (8, 5.0)
     assert st["solver/acc"] == pytest.approx(6 / 9)
 
-    quad = GameConfig(rag_verifier="off", proposer_reward="4s(1-s)", invalid_penalty=0.0)
+    quad = GameConfig(rag_verify="off", proposer_reward="4s(1-s)", format_penalty=0.0)
     score(props, reasons, sols, Judge(), quad)
     assert props[0].reward == pytest.approx(1.0) and props[3].reward == pytest.approx(4 * 0.75 * 0.25)
     assert props[2].reward == 0.0
@@ -228,7 +228,7 @@ def test_valid_questions_whose_answer_is_the_first_searchs_doc1_title_are_counte
     untitled = _proposer(q, "Paris", [[{"id": "x", "contents": "Paris", "score": 1.0}], []], ["Paris city", "France"], 3)
     assert [answer_is_first_title(t) for t in (on_doc1, read_later, second_doc, untitled)] == [True, False, False, False]
     props = [on_doc1, read_later, second_doc, untitled]
-    reasons, _ = validate(props, None, Judge(), GameConfig(rag_verifier="off"), random.Random(0))
+    reasons, _ = validate(props, None, Judge(), GameConfig(rag_verify="off"), random.Random(0))
     assert reasons == [None, None, None, None]   # the filters keep an answer that is no Doc-1 title
     reasons[2] = "too_few_searches"              # only valid questions count
     st = round_stats(props, [], reasons, {}, 0, None)
@@ -259,7 +259,7 @@ def test_rag_prompt_budget_and_distractors(handmade):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_rag_check_policy_verifier(vllm_engine, handmade):
-    cfg = GameConfig(rag_verifier="policy", rag_distractors=1, rag_max_tokens=16)
+    cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
     verdict = rag_check([0, 3], handmade, vllm_engine, Judge(), cfg, random.Random(0))
     assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
     for i in (0, 3):
@@ -273,7 +273,7 @@ def test_rag_check_policy_verifier(vllm_engine, handmade):
 @pytest.mark.timeout(600)
 def test_rag_check_judge_verifier_real_server(judge_server, handmade):
     judge = Judge(judge_server, model="judge", max_concurrency=2)
-    cfg = GameConfig(rag_verifier="judge", rag_distractors=1, rag_max_tokens=16, rag_max_context_chars=2000)
+    cfg = GameConfig(rag_verify="judge", rag_distractors=1, rag_max_tokens=16, rag_max_context_chars=2000)
     verdict = rag_check([0, 3], handmade, None, judge, cfg, random.Random(0))
     assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
     assert all(isinstance(handmade[i].outcome.rag_answer, str) for i in (0, 3))
@@ -283,7 +283,7 @@ def test_rag_check_judge_verifier_real_server(judge_server, handmade):
 @pytest.mark.timeout(60)
 def test_rag_check_judge_down_passes_unchecked(dead_url, handmade):
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
-    cfg = GameConfig(rag_verifier="judge")
+    cfg = GameConfig(rag_verify="judge")
     reasons, verdict = validate(handmade, None, judge, cfg, random.Random(0))
     assert verdict == {0: None, 3: None}
     assert reasons == [None, "answer_in_question", "no_question", None]
@@ -304,14 +304,14 @@ def test_pool_bounded_dedup_serialisable():
 
 
 def test_config_and_argument_errors():
-    with pytest.raises(ValueError, match="rag_verifier"):
-        GameConfig(rag_verifier="llm")
+    with pytest.raises(ValueError, match="rag_verify"):
+        GameConfig(rag_verify="llm")
     with pytest.raises(ValueError, match="proposer_reward"):
         GameConfig(proposer_reward="acc")
     with pytest.raises(ValueError, match="min_chars"):
         GameConfig(min_question_chars=50, max_question_chars=10)
     with pytest.raises(ValueError, match="needs a judge server"):
-        play_round(None, [ProposerRow("x", 2)], None, Judge(), GameConfig(rag_verifier="judge"), FAST)
+        play_round(None, [ProposerRow("x", 2)], None, Judge(), GameConfig(rag_verify="judge"), FAST)
     with pytest.raises(ValueError, match="'proposer' and 'solver'"):
         _search_fns({"proposer": None, "judge": None})
     f = object()
@@ -357,7 +357,7 @@ def tokenizer(smollm2_dir):
 
 
 def _round(tokenizer, answer, search, judge, rag="off"):
-    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier=rag, rag_distractors=0)
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify=rag, rag_distractors=0)
     res = play_round(Scripted(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
@@ -395,7 +395,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
     counted again on the shaped rewards. The scripted solver writes no <think>: format 0."""
     from inference.game import signal_counts
 
-    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off", rag_distractors=0,
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0,
                      self_search_format_reward=True)
     res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
@@ -406,7 +406,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
     assert res.stats["solver/reward_mean"] == 1.0
     assert {k: res.stats[k] for k in signal_counts(sols)} == signal_counts(sols)
     plain = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
-                       GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off", rag_distractors=0),
+                       GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0),
                        SCRIPT_ROLLOUT, step=0)
     assert all(t.reward == 1.0 and t.outcome.format_reward is None for t in plain.trajectories if t.role == "solver")
 
@@ -424,7 +424,7 @@ def test_search_outage_leaves_groups_out(tokenizer, bm25):
 
     # the proposer's search is down: its question is refused (too few searches), and that penalty came from
     # the outage, so the proposer group is left out; the solvers of pool questions still train
-    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off")
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off")
     pool = QuestionPool.from_list(SEED_POOL, seed=0)
     res = play_round(Scripted(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
                      SCRIPT_ROLLOUT, pool=pool, step=0)
@@ -472,7 +472,7 @@ def test_rag_check_judge_failing_on_a_non_exact_answer_is_undecided(handmade):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         judge = Judge(f"http://127.0.0.1:{srv.server_address[1]}", model="judge", retries=0, backoff_s=0.0)
-        reasons, verdict = validate(handmade, None, judge, GameConfig(rag_verifier="judge"), random.Random(0))
+        reasons, verdict = validate(handmade, None, judge, GameConfig(rag_verify="judge"), random.Random(0))
     finally:
         srv.shutdown()
         srv.server_close()
@@ -513,7 +513,7 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     from inference.game import QCP_DOC_CHARS, qcp_of
 
     pool = QuestionPool(8, seed=0)
-    cfg = GameConfig(proposer_samples=1, solver_samples=2, rag_verifier="off")
+    cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off")
     res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                      pool=pool, step=0)
     prop = next(t for t in res.trajectories if t.role == "proposer")
@@ -547,7 +547,7 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
 
     def play(answer, **window):
         pool = QuestionPool(8, seed=0)
-        cfg = GameConfig(proposer_samples=1, solver_samples=2, rag_verifier="off", **window)
+        cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off", **window)
         res = play_round(Scripted(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                          pool=pool, step=3)
         props = [t for t in res.trajectories if t.role == "proposer"]

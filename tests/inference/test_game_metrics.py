@@ -97,7 +97,7 @@ def test_stats_count_solve_rates_kinds_stops_and_the_pool():
     props = [prop(Q, "Paris", docs, row=0),                                        # valid; in text (the Olympics page)
              prop(Q.replace("city", "town"), "Paris", docs[:1], row=1),           # valid; title only
              prop("", stop="max_tokens", cap="turn", row=2), prop("", stop="max_turns", row=3)]
-    reasons, verdict = validate(props, None, Judge(), GameConfig(rag_verifier="off"), random.Random(0))
+    reasons, verdict = validate(props, None, Judge(), GameConfig(rag_verify="off"), random.Random(0))
     assert reasons == [None, None, "no_question", "no_question"]
     sols = ([sol("q0", c, proposer=0) for c in (1, 0)] + [sol("q1", 0, proposer=1) for _ in range(2)]
             + [sol("q2", 1, source="pool"), sol("q2", 1, source="pool"), sol("q3", 0, source="pool"),

@@ -33,7 +33,7 @@ def _round(rates=RATES, excluded=()):
             sols.append(Trajectory("solver", f"s0-q{i}", [1, 2], [0, 1], [0.0, -0.5], question=q, answer=f"n{i}",
                                    response_text=f"<answer> {f'n{i}' if k < round(4 * s) else 'wrong'} </answer>",
                                    meta=GameMeta(proposer=i, source="proposer"), search_failed=int(i in excluded)))
-    score(props, [None] * len(props), sols, Judge(), GameConfig(rag_verifier="off"))
+    score(props, [None] * len(props), sols, Judge(), GameConfig(rag_verify="off"))
     mark_excluded(props, sols, {i: True for i in range(len(props))})
     return props, sols
 
@@ -58,14 +58,14 @@ def _admit(cfg, rates=RATES, excluded=()):
     ({"pool_min_solve_rate": 0.5, "pool_max_solve_rate": 0.5}, [0.5]),      # the bounds are inclusive
 ])
 def test_admission_window(window, admitted):
-    got, pool = _admit(GameConfig(rag_verifier="off", **window))
+    got, pool = _admit(GameConfig(rag_verify="off", **window))
     assert got == admitted
     assert all(it["step"] == 6 and it["qcp"]["queries"] for it in pool.to_list())
 
 
 def test_a_question_whose_solve_rate_was_not_measured_stays_out():
     # the solver search of question 2 failed: its group is left out of the loss and s = 0.5 is not a measurement
-    got, _ = _admit(GameConfig(rag_verifier="off"), excluded=(2,))
+    got, _ = _admit(GameConfig(rag_verify="off"), excluded=(2,))
     assert got == [0.0, 0.25, 1.0]
 
 
@@ -73,7 +73,7 @@ def test_a_question_the_pool_holds_is_not_admitted_twice():
     props, sols = _round((0.5, 0.5))
     props[1].question = props[0].question.upper()                      # the same after normalising
     pool = QuestionPool(16, seed=0)
-    assert admit_to_pool(pool, props, sols, [0, 1], {0: {}, 1: {}}, GameConfig(rag_verifier="off"), 0) == 1
+    assert admit_to_pool(pool, props, sols, [0, 1], {0: {}, 1: {}}, GameConfig(rag_verify="off"), 0) == 1
     assert [t.outcome.pool_admitted for t in props] == [True, False] and len(pool) == 1
 
 

@@ -94,7 +94,7 @@ class Answerer:
 def test_policy_verdicts_follow_the_reply_and_the_prompt_is_the_solver_view(tok, bm25):
     props = [_proposer(0, ["Paris Seine", "Olympics 1900"], bm25.search(["Paris Seine", "Olympics 1900"], 3)),
              _proposer(1, ["Amazon river", "Andes"], bm25.search(["Amazon river", "Andes"], 3), "Which river? " * 3)]
-    cfg = GameConfig(rag_verifier="policy", rag_distractors=1, rag_max_tokens=16)
+    cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
     eng = Answerer(tok, "<think> Doc 1 says so. </think>\n<answer> Paris </answer>")
     verdict = rag_check([0], props, eng, Judge(), cfg, random.Random(0), max_info_tokens=96)
     assert verdict == {0: True} and props[0].outcome.rag_answer == "Paris"

@@ -330,8 +330,8 @@ def test_proposer_reward_auto_never_pays_unverified_questions_most(tmp_path, rag
     # an explicit choice is kept (SSP's "without RAG verification" ablation stays possible)
     assert parse_config(paths + ["--rag_verify", rag, "--proposer_reward", "1-acc"]).selfplay.proposer_reward == "1-acc"
     from inference.game import GameConfig   # the game's own default is "auto" too, resolved by the same rule
-    assert GameConfig(rag_verifier=rag).proposer_reward == want
-    assert GameConfig(rag_verifier=rag, proposer_reward="1-acc").proposer_reward == "1-acc"
+    assert GameConfig(rag_verify=rag).proposer_reward == want
+    assert GameConfig(rag_verify=rag, proposer_reward="1-acc").proposer_reward == "1-acc"
 
 
 def test_refill_and_the_search_count_mix_pass_when_complete(tmp_path):

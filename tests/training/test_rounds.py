@@ -185,7 +185,7 @@ def test_refill_rounds_get_their_own_group_ids_and_every_stat_merges_by_name(smo
         return [[{"id": "Lincoln", "contents": "Abraham Lincoln\nLincoln was shot at Ford's Theatre in 1865."}]
                 for _ in queries]
     engine = Scripted(AutoTokenizer.from_pretrained(smollm2_dir))
-    cfg = GameConfig(proposer_samples=2, solver_samples=2, rag_verifier="off")
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off")
     rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=1, seed=3)
     rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
     r0, r1 = (play_round(engine, rows, search, Judge(), cfg, rcfg, step=7, round_idx=k) for k in (0, 1))

@@ -2,7 +2,7 @@
 flags all have takes one default, the inference dataclass field's (inference/ never imports training/).
 
 They had drifted: --rag_distractors 2 against GameConfig's 4, --pool_size 256 against 1024, --max_info_tokens 384
-against the rollout's and eval's 512, --solver_n 4 against GameConfig.solver_samples 5. Every pair is found by
+against the rollout's and eval's 512, --solver_n 4 against GameConfig.solver_n 5. Every pair is found by
 introspection (same-named fields, plus the renamed ones listed here), so a new shared field is checked too.
 """
 
@@ -17,10 +17,10 @@ from inference.rollout import RolloutConfig
 from training.config import GROUPS, build_parser
 
 DATACLASSES = (GameConfig, RolloutConfig)
-RENAMED = {  # train.py flag -> (dataclass, field), where the two names differ
-    "proposer_n": (GameConfig, "proposer_samples"), "solver_n": (GameConfig, "solver_samples"),
-    "rag_verify": (GameConfig, "rag_verifier"), "format_penalty": (GameConfig, "invalid_penalty"),
-    "use_pool": (GameConfig, "pool_fill"),
+RENAMED = {  # train.py flag -> (dataclass, field) it feeds (one name since issue 34; the game once renamed them)
+    "proposer_n": (GameConfig, "proposer_n"), "solver_n": (GameConfig, "solver_n"),
+    "rag_verify": (GameConfig, "rag_verify"), "format_penalty": (GameConfig, "format_penalty"),
+    "use_pool": (GameConfig, "use_pool"),
 }
 NOT_SHARED = {  # same name, another meaning
     "seed": "train.py's --seed is the run's global seed; the trainer derives GameConfig.seed and RolloutConfig.seed "
