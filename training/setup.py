@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -147,22 +148,24 @@ def training_rows(cfg: Config, rows: list) -> list:
     return rows
 
 
-def rollout_configs(cfg: Config, step: int, dp_rank: int) -> dict[str, RolloutConfig]:
-    """Each role's rollout settings of one step; the sampling seed is a function of (seed, step, rank)."""
+def protocol_rollout_config(cfg: Config) -> RolloutConfig:
+    """The run's rollout protocol (turns, token budgets, search depth, sampling, schedule): the one place the
+    flags become a RolloutConfig; training and the periodic eval derive theirs from it."""
     r = cfg.rollout
-    return {role: RolloutConfig(
+    return RolloutConfig(
         max_turns=r.max_turns, max_total_tokens=r.max_total_tokens, max_tokens_per_turn=r.max_tokens_per_turn,
         max_info_tokens=r.max_info_tokens, topk=cfg.search.topk, temperature=r.temperature, top_p=r.top_p,
-        seed=cfg.optimisation.seed * 1_000_003 + step * 1009 + dp_rank,
-        self_search=getattr(cfg.search, f"{role}_search") == "self", progress=D.is_main(),
         schedule=r.rollout_schedule, max_inflight=r.max_inflight)
-        for role in ("proposer", "solver")}
+
+
+def rollout_configs(cfg: Config, step: int, dp_rank: int) -> dict[str, RolloutConfig]:
+    """Each role's rollout settings of one step; the sampling seed is a function of (seed, step, rank)."""
+    base = protocol_rollout_config(cfg)
+    return {role: replace(base, seed=cfg.optimisation.seed * 1_000_003 + step * 1009 + dp_rank,
+                          self_search=getattr(cfg.search, f"{role}_search") == "self", progress=D.is_main())
+            for role in ("proposer", "solver")}
 
 
 def eval_rollout_config(cfg: Config) -> RolloutConfig:
-    """The periodic held-out eval's rollout settings: the training protocol, greedy."""
-    r = cfg.rollout
-    return RolloutConfig(max_turns=r.max_turns, max_total_tokens=r.max_total_tokens,
-                         max_tokens_per_turn=r.max_tokens_per_turn, max_info_tokens=r.max_info_tokens,
-                         topk=cfg.search.topk, temperature=0.0, schedule=r.rollout_schedule,
-                         max_inflight=r.max_inflight)
+    """The periodic held-out eval's rollout settings: the training protocol, greedy (top_p back to 1)."""
+    return replace(protocol_rollout_config(cfg), temperature=0.0, top_p=1.0)
