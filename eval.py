@@ -67,13 +67,24 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+# Project modules that load no torch / vLLM / transformers / numpy, so --help and a refused input stay fast (the
+# engines import vLLM or transformers when one is built); the retrievers, which do, are imported where used.
 from inference.data import EvalRow, load_eval_rows
 from inference.engine_api import RolloutEngine, TokenGenerator
+from inference.engines import VLLMEngine
 from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
+from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
 from inference.rollout import RolloutConfig
+from inference.simulated_search import SimulatedSearch
+from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from training.config import Config, RolloutArgs, SearchArgs, add_field_flags, parse_bool
+from training.input_checks import model_folder_errors, model_path_errors, report_to_errors
+from utils.dist import keep_unused_imports_out, local_device
 from utils.errors import InputError, entry_point_error
+from utils.logging import configure_logging, log_summary
+from utils.trackers import eval_summary
 
 # What main() writes into --out_dir. Any of them already there is refused without --overwrite; other
 # files (scripts/eval.sh tees its eval.log there first, a --judge_cache may live there) are left alone.
@@ -166,7 +177,6 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 def build_parser() -> argparse.ArgumentParser:
     # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/settings_play.py
-    from training.config import RolloutArgs, SearchArgs, add_field_flags, parse_bool
     p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
     p.add_argument("--model", required=True, help="HF model folder to evaluate, or a training run's: its folder, "
@@ -254,7 +264,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         p.error(str(e))
     run = None if run_dir is None or a.no_run_config else train_config(run_dir / "config.json")
     a.run_config = str(run_dir / "config.json") if run is not None else None
-    from training.config import Config
     train_defaults = Config().to_dict()  # a field an older config.json lacks ran at train.py's default
     a.sources = {"model": FLAG if a.model == given_model else f"{FLAG} ({given_model})", "temperature": FLAG if "temperature" in given else DEFAULT}
     for dest, (group, name) in RUN_PROTOCOL.items():
@@ -315,7 +324,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 f"config.json); pass --overwrite to replace them, or pick another --out_dir")
     if a.limit is not None and a.limit < 1:
         p.error(f"--limit must be >= 1, got {a.limit}")
-    from training.input_checks import report_to_errors
     for err in report_to_errors(a.report_to):
         p.error(err)
     if a.samples < 1:
@@ -333,8 +341,6 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     every --data file is there and read whole (every file's bad rows listed), --model is a causal LM folder that
     loads (or a hub id), --index is a finished index whose manifest fits its folder, with a dense index's encoder
     and FAISS file at hand. InputError, one message, otherwise."""
-    from training.input_checks import model_folder_errors, model_path_errors
-
     missing = [f for f in a.data if not Path(f).is_file()]
     if missing:
         raise InputError(f"--data {' '.join(missing)}: no such file" + (f" ({missing[0]} is a folder)"
@@ -343,7 +349,6 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     if errs:  # train.py's messages, in eval's spelling
         raise InputError("\n  - ".join([""] + errs if len(errs) > 1 else errs).replace("--model_path", "--model"))
     if a.index:
-        from retrieval.manifest import index_file, read_manifest, resolve_encoder
         try:
             m = read_manifest(a.index)
             if m["kind"] == "dense":
@@ -368,39 +373,31 @@ def build_search(a: argparse.Namespace, engine: TokenGenerator | None = None) ->
     if a.self_search:
         return None, "self-search (SSRL): the model writes its own <information>, masked; no tool"
     if a.simulated:
-        from inference.simulated_search import SimulatedSearch
-
         sim = SimulatedSearch(url=a.sim_url, engine=None if a.sim_url else engine, model=a.sim_model,
                               noise_start=a.sim_noise, noise_end=a.sim_noise, seed=a.seed, template=a.template,
                               show_answer=False)  # never leak the golden answer to the model under test
         return sim.search, f"simulated search (ZeroSearch): {sim.describe()}"
     if a.index:
-        from retrieval.retriever import load_retriever
+        from retrieval.retriever import load_retriever  # lazy: numpy, and bm25s or FAISS for the index
 
         r = load_retriever(a.index)
         desc = r.describe()
         return r.search, f"{desc.get('kind', r.kind)} index at {a.index} ({desc.get('count', len(r))} docs)"
     if a.retriever_url:
-        from retrieval.client import RetrievalClient
+        from retrieval.client import RetrievalClient  # lazy: httpx
 
         return RetrievalClient(a.retriever_url, topk=a.topk).search, f"retrieval server at {a.retriever_url}"
     return None, "none (no search tool)"
 
 
 def build_engine(a: argparse.Namespace) -> RolloutEngine:
-    from inference.engines import VLLMEngine
-    from inference.hf_engine import HFEngine
-
     if a.engine == "hf":  # on this machine's GPU when it has one (it ran on the CPU even beside a GPU)
-        from utils.dist import local_device
         return HFEngine(a.model, dtype=a.dtype, device=local_device(), max_model_len=a.max_model_len)
     return VLLMEngine(a.model, dtype=a.dtype, seed=a.seed, tensor_parallel_size=a.tp, max_model_len=a.max_model_len,
                       kv_cache_memory_bytes=(a.kv_cache_mb << 20) or None)
 
 
 def main(argv: list[str] | None = None) -> int:
-    from utils.dist import keep_unused_imports_out
-
     keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
     try:
@@ -408,7 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:  # a missing or wrong file, folder or row: one message (docs/TROUBLESHOOTING.md)
         return entry_point_error("eval.py", e)
     print(settings_table(a), flush=True)
-    from utils.logging import configure_logging
     configure_logging(0)   # one process: info from the project's loggers; httpx's per-request info lines stay off
     # The engine comes before the retriever: bm25s imports numba/llvmlite, and vLLM's CPU start-up
     # scan of every module's globals trips over llvmlite's `lib` object (AttributeError).
@@ -453,8 +449,6 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_report(protocol, result, settings))
     print(f"wrote {out_dir}/results.json, results.md, examples.jsonl", flush=True)
     if a.report_to != "none":
-        from utils.logging import log_summary
-        from utils.trackers import eval_summary
         values, table = eval_summary(result["per_source"], result["overall"])
         log_summary(a.report_to, out_dir, {**vars(a), "protocol": protocol}, values, {"eval/per_source": table},
                     run_name=f"eval-{out_dir.resolve().name}")

@@ -40,10 +40,23 @@ imported or the model built; docs/TROUBLESHOOTING.md lists them.
 from __future__ import annotations
 
 import argparse
+import copy
+import json
 import os
 import sys
+from pathlib import Path
 
-from utils.dist import prepare_launch_env
+# Project modules that load no torch / vLLM / DeepSpeed, so --help and a refused input stay fast: the heavy ones
+# (training.engine_builder and training.trainer import torch) are imported where they are used.
+from training.config import (GROUPS, Config, ConfigError, build_parser, groups_from_namespace, needs_critic,
+                             needs_reference, parse_config, resolve_defaults, validate_args)
+from training.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
+from training.memory_plan import dry_run_report
+from training.preflight import input_errors, preflight
+from training.run_state import run_folder_errors
+from utils.dist import free_port, init_distributed, prepare_launch_env
+from utils.errors import InputError
+from utils.logging import configure_logging
 
 # Environment that must be in place before torch / vLLM / DeepSpeed are imported.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # vLLM in this process, not a child
@@ -66,7 +79,6 @@ def split_own_flags(argv: list[str] | None) -> tuple[argparse.Namespace, list[st
 
 
 def config_errors(cfg, world_size: int | None, cuda: bool | None = None, multi_node: bool | None = None) -> list[str]:
-    from training.config import ConfigError, validate_args
     try:
         validate_args(cfg, world_size, cuda=cuda, multi_node=multi_node)
         return []
@@ -85,14 +97,6 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
     stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
     other ranks validate and exit, and nobody joins the launcher's process group."""
-    import copy
-    import json
-    from pathlib import Path
-
-    from training.config import (GROUPS, Config, build_parser, groups_from_namespace, needs_critic, needs_reference,
-                                 resolve_defaults)
-    from training.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
-
     ns = build_parser(DESCRIPTION).parse_args(argv)  # parse_config without its validate_args
     world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
     cfg = resolve_defaults(Config(**groups_from_namespace(GROUPS, ns)), world_size=world)
@@ -109,8 +113,6 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     errors = config_errors(probe, world, cuda, nodes > 1) + demo_default_errors(cfg, cuda, nodes > 1)
     # what the launch reads before its model: the row files, model folder and index that are here (read whole),
     # and the run folder (another run's, --resume none on checkpoints, a damaged checkpoint); nothing is written
-    from training.preflight import input_errors
-    from training.run_state import run_folder_errors
     auto_b = ("selfplay.prompts_per_step",) if ns.prompts_per_step == 0 else ()  # the launch keeps the run's own
     errors += input_errors(cfg)[1] + run_folder_errors(cfg.logging.output_dir, cfg.to_dict(), ignore=auto_b)
     unchecked = [e for e in config_errors(typed, world, cuda, nodes > 1) if e not in errors]
@@ -121,7 +123,7 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
         print("train.py --dry_run: invalid configuration:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 1
 
-    from training.engine_builder import build_ds_config, critic_ds_config
+    from training.engine_builder import build_ds_config, critic_ds_config  # lazy: imports torch
 
     ds_cfgs = {"actor": build_ds_config(cfg, train=True)}
     if needs_reference(cfg):
@@ -144,9 +146,8 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     elif demo:
         print(f"demo defaults in use ({where}: fine here; a run on CUDA or across nodes refuses them unless "
               f"--allow_demo_defaults true):\n  " + "\n  ".join(demo))
-    from training.memory_plan import dry_run_report  # before deepspeed_check, which sets WORLD_SIZE=1
     local = os.environ.get("LOCAL_SIZE") or os.environ.get("LOCAL_WORLD_SIZE")
-    print(dry_run_report(cfg, world, int(local) if local else None))
+    print(dry_run_report(cfg, world, int(local) if local else None))  # before deepspeed_check sets WORLD_SIZE=1
     for line in deepspeed_check(cfg, ds_cfgs, build_ops):
         print(line)
     print("dry run: ok")
@@ -156,8 +157,6 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
 def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
     """deepspeed.initialize + one step on a stand-in nn.Linear, in a process group of one of this
     process's own (the launcher's rendezvous is never joined), so DeepSpeed config errors surface."""
-    from utils.dist import free_port, init_distributed
-
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_SIZE="1", CROSS_RANK="0", CROSS_SIZE="1",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     # Under torchrun the env:// rendezvous would join the agent's store as a client, at a port where none
@@ -167,7 +166,7 @@ def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
     import deepspeed
     import torch
 
-    from training.engine_builder import make_optimizer
+    from training.engine_builder import make_optimizer  # imports torch
 
     lines, ds = [], dict(ds_cfgs["actor"])
     model = torch.nn.Linear(16, 16)
@@ -223,17 +222,11 @@ def main(argv: list[str] | None = None) -> None:
     own, argv = split_own_flags(argv)
     if own.dry_run or own.dry_run_build_ops:
         sys.exit(dry_run(argv, own.dry_run_build_ops))
-    from training.config import parse_config
-    from utils.errors import InputError
-    from utils.logging import configure_logging
-
     configure_logging(int(os.environ.get("RANK", "0")))   # the launchers set RANK before the process starts
     try:  # a mistake in the user's input is one message (docs/TROUBLESHOOTING.md); anything else keeps its traceback
         cfg = parse_config(argv, description=DESCRIPTION)
-        from training.preflight import preflight
-
         inputs = preflight(cfg)  # rows, model folder, index: read and checked before torch, the model or DeepSpeed
-        from training.trainer import SSPTrainer
+        from training.trainer import SSPTrainer  # lazy: torch, numpy (and DeepSpeed, vLLM when it builds the engines)
 
         trainer = SSPTrainer(cfg, inputs)  # validates again once the world size is known, then the run folder
     except InputError as e:

@@ -32,20 +32,31 @@ import numpy as np
 import torch
 
 from inference.data import mix_search_turns
-from inference.game import pool_clear_due, shares
+from inference.evaluate import EvalConfig, evaluate
+from inference.game import QuestionPool, play_round, pool_clear_due, rollout_record, shares
+from training import checkpoint as C
 from training import search as S
+from training.advantages import role_advantages
 from training.config import Config
 from training.critic import step_values, train_step_critic
 from training.curriculum import SimCurriculum
+from training.distill import beta_at
+from training.guards import FailureGuard, NonFiniteGuard
+from training.hf_export import export_hf
 from training.lr_schedule import set_lr
 from training.hybrid import HybridEngine
+from training.preflight import preflight
 from training.rounds import drop_flat_solver_groups, merge_rounds, play_rounds, round_rollout_cfg
+from training.run_folder import prepare_output_dir
+from training.run_state import find_resume
+from training.self_distill import dense_term
 from training.setup import (build_judge, build_models, eval_rollout_config, game_config, resolve_config,
                             rollout_configs, seeded_pool, training_rows)
 from training.step_batch import OLD, REF, StepBatch
-from training.update import changed_fraction, snapshot_weights
+from training.teacher import finish_metrics, forward_topk
+from training.update import changed_fraction, engine_logprobs, ppo_update, snapshot_weights
 from utils import dist as D
-from utils.logging import RunLogger, fmt_metrics, print0
+from utils.logging import RunLogger, fmt_metrics, print0, write_jsonl_atomic
 from utils.metrics import reduce_over_ranks, summed
 
 
@@ -57,9 +68,6 @@ class SSPTrainer:
         self.cfg = cfg
         self.rank, self.world = D.rank(), D.world_size()
         self.out = Path(cfg.logging.output_dir)
-        from training.run_folder import prepare_output_dir
-        from training.run_state import find_resume
-        from training.preflight import preflight
         self.run_id = prepare_output_dir(cfg)  # refuses another run's folder unless --overwrite true
         self.inputs = inputs if inputs is not None else preflight(cfg)
         self.resume_from = find_resume(self.out, cfg.checkpointing.resume)  # a damaged checkpoint: refused before the model
@@ -70,7 +78,6 @@ class SSPTrainer:
         self.cursor = 0      # proposer rows consumed (global)
         self.qa_cursor = 0   # fixed QA rows consumed (global)
         self.ema_state: dict = {}
-        from training.guards import FailureGuard, NonFiniteGuard
         o = cfg.optimisation
         self.failures = FailureGuard(o.max_failed_share, o.failed_share_window)
         self.nonfinite = NonFiniteGuard(o.max_nonfinite_steps)
@@ -95,9 +102,6 @@ class SSPTrainer:
         self.qa_rows, self.eval_rows = self.inputs.qa_rows, self.inputs.eval_rows
 
     def _resume(self) -> None:
-        from inference.game import QuestionPool
-        from training import checkpoint as C
-
         path = self.resume_from  # found (and checked) before the model was built
         if path is None:
             return
@@ -115,8 +119,6 @@ class SSPTrainer:
         print0(f"resumed from {path} at step {self.step}")
 
     def save(self) -> None:
-        from training import checkpoint as C
-        from training.hf_export import export_hf
         ck = self.cfg.checkpointing
         path = C.save(self.actor, self.out, self.step,
                {"cursor": self.cursor, "qa_cursor": self.qa_cursor, "pool": self.pool.to_list(), "pool_rng": self.pool.rng.getstate(),
@@ -196,7 +198,6 @@ class SSPTrainer:
     def play(self, rollout_cfg: dict):
         """The step's game: one round on the next rows, or with --min_informative_groups N more rounds on the rows
         after them until the step holds N informative solver groups (or --max_rounds): training/rounds.py."""
-        from inference.game import play_round
         search_fns = {role: (s.search if s is not None else None) for role, s in self.search.items()}
         n, turns = self.cfg.algorithm.min_informative_groups, []
 
@@ -307,7 +308,6 @@ class SSPTrainer:
         """Per-token log-probs of each trajectory under `engine` (actor before the update, or the reference).
         trajs: a list (packed here), or the step's StepBatch, whose micro-batches are reused and whose
         `column` receives the packed log-probs."""
-        from training.update import engine_logprobs
         batch = trajs if isinstance(trajs, StepBatch) else StepBatch(trajs, self.cfg.optimisation.micro_token_budget)
         was_training = engine.module.training
         engine.module.eval()
@@ -333,7 +333,6 @@ class SSPTrainer:
 
     def advantages(self, trajs, values=None, old=None, ref=None) -> tuple[list, list]:
         """(advantages, critic targets or None) per trajectory: training.advantages.role_advantages."""
-        from training.advantages import role_advantages
         adv, returns, self.ema_state = role_advantages(
             trajs, self.cfg.algorithm, self.cfg.critic, state=self.ema_state, values=values, old=old, ref=ref,
             all_reduce=_all_reduce_tensor)
@@ -344,9 +343,6 @@ class SSPTrainer:
         privileged prompt. sampled: its log-probs join the advantages with this step's beta; contrast: so does
         their gap to the teacher under another question's path (training/contrast.py); topk: its top-K make the
         loss term (TopKTerm) that ppo_update adds, and the advantages stay."""
-        from training.distill import beta_at
-        from training.self_distill import dense_term
-        from training.teacher import finish_metrics, forward_topk
         a, temp = self.cfg.distill, self.cfg.rollout.temperature
         beta = beta_at(self.step, self.cfg.optimisation.total_steps, a.distill_coef, a.distill_schedule,
                        a.distill_coef_floor)
@@ -360,8 +356,6 @@ class SSPTrainer:
 
     def update(self, trajs, adv, old, ref, distill=None, batch=None) -> dict:
         """ppo_update on the step's batch: its old/ref columns reused, the advantages scattered into it once."""
-        from training.update import ppo_update
-
         o = self.cfg.optimisation
         metrics, n_steps, n_skipped = ppo_update(
             self.actor, trajs, adv, old, ref, self.cfg.algorithm, temperature=self.cfg.rollout.temperature,
@@ -392,8 +386,6 @@ class SSPTrainer:
         if cfg.logging.sample_every and (self.step + 1) % cfg.logging.sample_every == 0:
             self._dump_samples(played)
         if cfg.logging.dump_rollouts:
-            from inference.game import rollout_record
-            from utils.logging import write_jsonl_atomic
             write_jsonl_atomic(self.out / "rollouts" / f"step_{self.step + 1}.rank{self.rank}.jsonl",
                                [rollout_record(t) for t in played])
 
@@ -409,7 +401,6 @@ class SSPTrainer:
 
     def evaluate(self) -> dict:
         """Held-out solver eval with inference/evaluate.py (eval.py's loop) on this rank's rows; results all-reduced."""
-        from inference.evaluate import EvalConfig, evaluate
         self.hybrid.to_generate()
         rows = self.eval_rows[self.dp_rank::self.dp_world]
         ecfg = EvalConfig(rollout=eval_rollout_config(self.cfg), template=self.cfg.model.template, judge=self.judge,
@@ -462,5 +453,4 @@ def _all_reduce_tensor(t: torch.Tensor) -> None:
 def _fault_point(where: str, step: int) -> None:
     """Crash injection for the resume test: SSP_FAULT=after_generate:3 kills the process (no
     clean-up, like a node failure) when step 3 reaches that point (training.checkpoint.fault_point)."""
-    from training.checkpoint import fault_point
-    fault_point(where, step)
+    C.fault_point(where, step)

@@ -84,7 +84,7 @@ def scripted_play_round(script, world):
 
 def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     """SSPTrainer.play on 2 fake ranks at prompts_per_step 4; returns (trainers, games, seen, world)."""
-    import inference.game
+    import training.trainer
     from utils import dist as D
 
     world = ThreadRanks(2)
@@ -93,7 +93,7 @@ def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     cfg.selfplay.prompts_per_step, cfg.selfplay.qa_mix_fraction, cfg.selfplay.search_turns_mix = 4, qa_mix, mix
     cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds = n, cap
     cfg.algorithm.drop_flat_solver_groups = True
-    monkeypatch.setattr(inference.game, "play_round", scripted_play_round(script, world))
+    monkeypatch.setattr(training.trainer, "play_round", scripted_play_round(script, world))   # imported at its top
     monkeypatch.setattr(D, "all_reduce_sum", world.all_reduce_sum)
     monkeypatch.setattr(D, "is_main", lambda: world.rank() == 0)
     trainers = [fake_trainer(r, 2, cfg, world.seen[r]) for r in range(2)]

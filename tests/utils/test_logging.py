@@ -89,10 +89,9 @@ def test_library_logging_names_the_rank_and_keeps_info_on_rank_0(rank):
 
 def test_train_py_configures_logging_with_the_launchers_rank(monkeypatch):
     import train
-    import utils.logging as L
 
-    seen = []
-    monkeypatch.setattr(L, "configure_logging", lambda rank=0, stream=None: seen.append(rank))
+    seen = []   # train.py imports configure_logging at its top: patched where main() looks it up
+    monkeypatch.setattr(train, "configure_logging", lambda rank=0, stream=None: seen.append(rank))
     monkeypatch.setenv("RANK", "3")
     with pytest.raises(SystemExit):
         train.main(["--model_path", "/nonexistent-model"])
@@ -104,7 +103,6 @@ def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path, tiny_
     retriever request; it now takes the same set-up as train.py, as rank 0. The inputs are real (a model
     folder and a QA file): eval.py checks them before anything else and stops on a bad one."""
     import eval as E
-    import utils.logging as L
 
     class Configured(Exception):
         pass
@@ -112,7 +110,7 @@ def test_eval_py_configures_logging_for_one_process(monkeypatch, tmp_path, tiny_
     def stop(rank=0, stream=None):
         raise Configured(rank)
 
-    monkeypatch.setattr(L, "configure_logging", stop)
+    monkeypatch.setattr(E, "configure_logging", stop)   # eval.py imports it at its top: patched there
     (tmp_path / "qa.jsonl").write_text('{"question": "What is the capital of France?", "golden_answers": ["Paris"]}\n')
     with pytest.raises(Configured) as got:
         E.main(["--model", str(tiny_model_dir), "--data", str(tmp_path / "qa.jsonl"), "--out_dir", str(tmp_path / "o")])
