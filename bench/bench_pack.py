@@ -44,9 +44,9 @@ from inference.prompts import build_proposer_prompt, build_solver_prompt  # noqa
 from inference.trajectory import Trajectory  # noqa: E402
 from training.packing import unpack_to_sequences  # noqa: E402
 from training.step_batch import ADV, OLD, REF, RETURNS, VALUES, StepBatch, put_missing  # noqa: E402
-from training.update import pack_equal  # noqa: E402
+from training.micro_batches import pack_equal  # noqa: E402
 
-MEASURES = ["bench/bench_pack.py", "training/packing.py", "training/step_batch.py", "training/update.py"]
+MEASURES = ["bench/bench_pack.py", "training/micro_batches.py", "training/packing.py", "training/step_batch.py", "training/update.py"]
 INFO = re.compile(r"(<information>.*?</information>)", re.S)
 
 

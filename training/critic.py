@@ -142,7 +142,7 @@ def sequence_values(model, micro_batch) -> torch.Tensor:
 
 
 def engine_values(engine, micro_batch) -> torch.Tensor:
-    """`sequence_values` run *as* DeepSpeedEngine.forward (the ZeRO-3 accumulation fact: training/update.py)."""
+    """`sequence_values` run *as* DeepSpeedEngine.forward (the ZeRO-3 accumulation fact: training/micro_batches.py)."""
     from training.logprobs import forward_swapped
 
     model = engine.module
@@ -174,7 +174,8 @@ def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budge
     batch: the training.step_batch.StepBatch of `trajs` the values were computed on (reused with one
     mini-batch, whose split is all of them in every epoch), or None to pack here."""
     from training.loss import count_normaliser
-    from training.update import accumulate, split_mini_batches
+    from training.micro_batches import accumulate
+    from training.update import split_mini_batches
 
     if batch is None:
         batch = StepBatch(trajs, micro_token_budget)

@@ -208,7 +208,7 @@ class SFTTrainer:
         return [self.trajs[i] for i in idx[self.D.rank()::self.D.world_size()]]
 
     def train_step(self, step: int) -> dict:
-        from training.update import accumulate, pack_equal
+        from training.micro_batches import accumulate, pack_equal
 
         D = self.D
         t0 = time.perf_counter()

@@ -167,7 +167,7 @@ def forward_topk(engine, trajs: Sequence[Trajectory], k: int, temperature: float
     call per micro-batch, the same count on every rank: collective)."""
     from training.logprobs import forward_swapped
     from training.packing import unpack_to_sequences
-    from training.update import pack_equal
+    from training.micro_batches import pack_equal
 
     model = engine.module
     vocab = model.get_output_embeddings().out_features

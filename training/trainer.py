@@ -54,7 +54,8 @@ from training.setup import (build_judge, build_models, eval_rollout_config, game
                             rollout_configs, seeded_pool, training_rows)
 from training.step_batch import OLD, REF, StepBatch
 from training.teacher import finish_metrics, forward_topk
-from training.update import changed_fraction, engine_logprobs, ppo_update, snapshot_weights
+from training.micro_batches import engine_logprobs
+from training.update import changed_fraction, ppo_update, snapshot_weights
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0, write_jsonl_atomic
 from utils.metrics import reduce_over_ranks, summed

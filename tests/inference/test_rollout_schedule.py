@@ -7,7 +7,7 @@ started and returned), so trajectories resume in another order than they searche
 
 Why log-probs get a tolerance and tokens do not: the two schedules put different sets of sequences in
 each engine step, so vLLM's batched GEMMs see other shapes and fp32 sums may round differently in the
-last bits (PLATFORM.md: fp32 results differ in their last bits between kernels). That moves a
+last bits (an fp32 sum depends on the order and blocking of its terms). That moves a
 log-prob by ~1e-6 relative; it flips a greedy argmax only on an exact near-tie, which these
 prompts do not have (the test would show it as a token mismatch, not hide it).
 """

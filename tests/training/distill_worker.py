@@ -1,5 +1,5 @@
 """Run under torchrun by tests/training/test_distill_topk.py: --distill topk's wiring (training/teacher.py
-forward_topk and TopKTerm, inside training/update.py accumulate / ppo_update) under ZeRO-3 over gloo,
+forward_topk and TopKTerm, inside training/micro_batches.py accumulate / training/update.py ppo_update) under ZeRO-3 over gloo,
 against plain torch on the whole batch: full-vocabulary logits of an eager HF forward per unpacked
 sequence, log_softmax, torch.topk, and the renormalised reverse KL written out below.
 
@@ -86,7 +86,8 @@ def main() -> None:
     from training.loss import count_normaliser
     from training.packing import unpack_to_sequences
     from training.teacher import TopKTerm, forward_topk
-    from training.update import accumulate, pack_equal, ppo_update
+    from training.micro_batches import accumulate, pack_equal
+    from training.update import ppo_update
 
     model_dir, out_path, ks = sys.argv[1], Path(sys.argv[2]), [int(k) for k in sys.argv[3].split(",")]
     D.init_distributed()

@@ -87,7 +87,7 @@ class _Engine:
 def packed_forward(model, budget=1024):
     """Trainer.forward_logprobs on a plain model: pack, one sequence_logprobs per micro-batch, unpack."""
     from training.packing import unpack_to_sequences
-    from training.update import engine_logprobs, pack_equal
+    from training.micro_batches import engine_logprobs, pack_equal
 
     def fwd(seqs):
         fwd.calls.append(len(seqs))

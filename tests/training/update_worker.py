@@ -22,7 +22,7 @@ uneven      2 ranks, the shape of a step that dynamic sampling with refill (trai
             flat; then rank 1 with none at all. The trainer's path (drop_flat_solver_groups, role_advantages,
             ppo_update with plain SGD) on each rank's groups moves the weights by -lr * g, g the gradient of
             the whole batch of informative groups in plain torch (GRPO advantages by hand), without a hang.
-bypass      a negative control, after main: installs the --bypass (default forward) in training.update,
+bypass      a negative control, after main: installs the --bypass (default forward) in training.micro_batches,
             then runs main's phases again from the engine's current weights (the reference re-synced to
             them): --bypass=forward runs the forward through engine.module (the code before the fix),
             --bypass=scale leaves DeepSpeed's averaging over ranks uncompensated; the test must see both.
@@ -171,7 +171,8 @@ def uneven_phase(engine, ref, rank: int, world: int) -> dict:
     from training.advantages import role_advantages
     from training.rounds import drop_flat_solver_groups
     from training.trainer import _all_reduce_tensor
-    from training.update import pack_equal, ppo_update
+    from training.micro_batches import pack_equal
+    from training.update import ppo_update
 
     assert world == 2, "the uneven phase needs 2 ranks"
     algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0, solver_estimator="grpo")
@@ -217,8 +218,8 @@ def uneven_phase(engine, ref, rank: int, world: int) -> dict:
 
 
 def install_bypass(bypass: str) -> None:
-    """Patch training.update so the update path is the broken one: the negative control's code path."""
-    import training.update as U
+    """Patch training.micro_batches so the update path is the broken one: the negative control's code path."""
+    import training.micro_batches as U
     if bypass == "forward":  # the code before the fix: the forward skipped DeepSpeedEngine.forward
         from training.logprobs import sequence_logprobs
         U.engine_logprobs = lambda e, mb, temp=1.0, ent=False, **kw: sequence_logprobs(e.module, mb, temp, ent)
@@ -242,7 +243,8 @@ def update_phases(engine, ref, trajs, rank: int, world: int, bypass: str) -> dic
     """grad_rl, grad_sft, sgd and nan (the module docstring), from the engine's current weights."""
     from training.loss import policy_loss
     from training.sft import sft_loss
-    from training.update import accumulate, pack_equal, ppo_update
+    from training.micro_batches import accumulate, pack_equal
+    from training.update import ppo_update
 
     def sgd_step_by_hand():
         """-lr * g, g the reference's gradient of the whole batch's loss at its current weights."""
