@@ -48,8 +48,10 @@ def tp_model_dir(smollm2_dir, tmp_path_factory) -> Path:
         a = layer.self_attn
         q, o = a.q_proj.weight.data.view(9, hd, -1), a.o_proj.weight.data.view(-1, 9, hd)
         k, v = a.k_proj.weight.data.view(3, hd, -1), a.v_proj.weight.data.view(3, hd, -1)
-        a.q_proj.weight.data = torch.stack([q[i] if i is not None else torch.zeros_like(q[0]) for i in qmap]).reshape(12 * hd, -1)
-        a.o_proj.weight.data = torch.stack([o[:, i] if i is not None else torch.zeros_like(o[:, 0]) for i in qmap], 1).reshape(-1, 12 * hd)
+        nq = [q[i] if i is not None else torch.zeros_like(q[0]) for i in qmap]
+        no = [o[:, i] if i is not None else torch.zeros_like(o[:, 0]) for i in qmap]
+        a.q_proj.weight.data = torch.stack(nq).reshape(12 * hd, -1)
+        a.o_proj.weight.data = torch.stack(no, 1).reshape(-1, 12 * hd)
         a.k_proj.weight.data = k[kvmap].reshape(6 * hd, -1).contiguous()
         a.v_proj.weight.data = v[kvmap].reshape(6 * hd, -1).contiguous()
     c.num_attention_heads, c.num_key_value_heads, c.head_dim = 12, 6, hd
