@@ -1,0 +1,108 @@
+"""vLLM at tensor parallel 2, run for real on CPU (issue 35): two torchrun ranks over gloo, one TP group,
+distributed_executor_backend="external_launcher", in-process (VLLM_ENABLE_V1_MULTIPROCESSING=0).
+
+SmolLM2-135M's 9 attention heads and 3 KV heads do not divide by 2, so the model is SmolLM2 re-laid out
+into 12 (3 of them zero) and 6 heads: the same function, which TP 2 can split, and which really writes
+<search> calls from a few-shot prompt. The references are transformers at TP 1 on the original SmolLM2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inference.engine_api import SamplingConfig
+from inference.hf_engine import HFEngine
+from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
+from utils.dist import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+WORKER = REPO / "tests" / "inference" / "tp2_worker.py"
+# The rollout tp2_worker.py runs (its RolloutConfig, schedule aside) and the HF reference repeats.
+ROLLOUT_CFG = dict(temperature=0.0, seed=11, topk=2, max_turns=3, max_tokens_per_turn=40, max_info_tokens=160)
+
+
+@pytest.fixture(scope="module")
+def tp_model_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """SmolLM2-135M re-laid out so TP 2 can split it, computing the same function in fp32. Its 9 Q heads and
+    3 KV heads (groups of 3) become 12 Q and 6 KV heads (groups of 2): each KV head twice, and a zero Q head
+    (zero o_proj columns, so it adds nothing) fills the second half of each duplicated group."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("smollm2_tp2")
+    m = AutoModelForCausalLM.from_pretrained(smollm2_dir, torch_dtype=torch.float32)
+    c = m.config
+    hd = c.hidden_size // c.num_attention_heads
+    assert (c.num_attention_heads, c.num_key_value_heads, hd) == (9, 3, 64)
+    qmap = [0, 1, 2, None, 3, 4, 5, None, 6, 7, 8, None]  # new Q head -> old Q head (None: zero head)
+    kvmap = [0, 0, 1, 1, 2, 2]
+    for layer in m.model.layers:
+        a = layer.self_attn
+        q, o = a.q_proj.weight.data.view(9, hd, -1), a.o_proj.weight.data.view(-1, 9, hd)
+        k, v = a.k_proj.weight.data.view(3, hd, -1), a.v_proj.weight.data.view(3, hd, -1)
+        nq = [q[i] if i is not None else torch.zeros_like(q[0]) for i in qmap]
+        no = [o[:, i] if i is not None else torch.zeros_like(o[:, 0]) for i in qmap]
+        a.q_proj.weight.data = torch.stack(nq).reshape(12 * hd, -1)
+        a.o_proj.weight.data = torch.stack(no, 1).reshape(-1, 12 * hd)
+        a.k_proj.weight.data = k[kvmap].reshape(6 * hd, -1).contiguous()
+        a.v_proj.weight.data = v[kvmap].reshape(6 * hd, -1).contiguous()
+    c.num_attention_heads, c.num_key_value_heads, c.head_dim = 12, 6, hd
+    m.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tp2_results(tp_model_dir, bm25_dir, tmp_path_factory):
+    prefix = tmp_path_factory.mktemp("tp2") / "out"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+           str(free_port()), str(WORKER), str(tp_model_dir), str(bm25_dir), str(prefix),
+           json.dumps(ROLLOUT_CFG)]
+    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    return [json.loads(Path(f"{prefix}.{k}.json").read_text()) for k in (0, 1)]
+
+
+def test_tp2_greedy_matches_on_both_ranks_and_an_hf_reference(tp2_results, smollm2_dir):
+    a, b = tp2_results
+    assert a["tp"] == b["tp"] == 2
+    assert a["greedy"] == b["greedy"]
+    # Independent reference: transformers at TP 1 (HFEngine's own greedy loop) on the original SmolLM2.
+    hf = HFEngine(str(smollm2_dir), dtype="float32")
+    assert a["prompts"] == b["prompts"]
+    ref = hf.generate(a["prompts"], SamplingConfig(temperature=0.0, max_tokens=16, min_tokens=16))
+    assert [o.token_ids for o in ref] == a["greedy"]
+    for o, lp in zip(ref, a["greedy_logprobs"]):
+        assert max(abs(x - y) for x, y in zip(o.logprobs, lp)) <= 1e-3  # fp32, differently split reductions
+
+
+def test_tp2_rollout_makes_identical_engine_calls_and_trajectories_on_both_ranks(tp2_results):
+    a, b = tp2_results
+    # The trajectory schedule falls back to the turn schedule at lockstep_ranks > 1 (inference/rollout.py).
+    assert a["schedule"] == b["schedule"] == "turn"
+    assert a["calls"] and a["calls"] == b["calls"]
+    assert a["trajectories"] == b["trajectories"]
+    trajs = a["trajectories"]
+    assert max(t["searches"] for t in trajs) >= 1 and max(t["turns"] for t in trajs) >= 2, \
+        "no trajectory searched: the multi-turn path was not exercised"
+    # Rank 0's searches slept 0.3 s, rank 1's none (tp2_worker.py): both searched the same queries anyway.
+    assert a["searches"] and a["searches"] == b["searches"]
+
+
+def test_tp2_rollout_equals_an_hf_turn_rollout(tp2_results, smollm2_dir, bm25):
+    """The TP-2 rollout's trajectories equal transformers' at TP 1 on the original SmolLM2 (same config)."""
+    a, _ = tp2_results
+    hf = HFEngine(str(smollm2_dir), dtype="float32", max_model_len=1024)
+    reqs = [RolloutRequest("solver", f"g{i}", p) for i, p in enumerate(a["prompts"])]
+    ref = run_rollouts(hf, reqs, bm25.search, RolloutConfig(schedule="turn", **ROLLOUT_CFG))
+    assert [t.token_ids for t in ref] == [t["ids"] for t in a["trajectories"]]
+    assert [t.loss_mask for t in ref] == [t["mask"] for t in a["trajectories"]]
