@@ -195,6 +195,14 @@ class SteppedGenerator(TokenGenerator, Protocol):
     lockstep_ranks: int
     """Ranks that must make identical engine calls in the same order (a tensor-parallel group); 1 otherwise."""
 
+    lockstep_first: bool
+    """Whether this rank is the first of its lockstep group (the one that decides; always True at 1 rank)."""
+
+    def share_from_first(self, obj: Any) -> Any:
+        """The first rank's `obj`, returned on every rank of the lockstep group (`obj` itself at 1 rank). A
+        collective: every rank of the group calls it, in the same order (inference/step_loop.py)."""
+        ...
+
     def submit(self, key: Any, prompt: list[int], sampling: SamplingConfig) -> None:
         """Add one request, identified by the hashable `key` in what step() returns."""
         ...
@@ -243,3 +251,7 @@ class GenerateStepper:
         self.pending = []
 
     lockstep_ranks = 1  # one caller drives the wrapped engine
+    lockstep_first = True
+
+    def share_from_first(self, obj: Any) -> Any:
+        return obj

@@ -281,8 +281,26 @@ class VLLMEngine:
     @property
     def lockstep_ranks(self) -> int:
         """Ranks that must make identical engine calls in the same order (the TP group's size). Their
-        search threads return at different moments, so the rollout keeps the turn schedule when > 1."""
+        searches would return at different moments, so the group's first rank decides for all of them
+        (inference/step_loop.py), through share_from_first."""
         return int(self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+
+    @property
+    def lockstep_first(self) -> bool:
+        """Whether this rank is the first of its tensor-parallel group."""
+        if self.lockstep_ranks == 1:
+            return True
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().rank_in_group == 0
+
+    def share_from_first(self, obj: Any) -> Any:
+        """The TP group's first rank's `obj` on every rank of the group, over vLLM's own CPU (gloo) group."""
+        if self.lockstep_ranks == 1:
+            return obj
+        from vllm.distributed.parallel_state import get_tp_group
+
+        return get_tp_group().broadcast_object(obj, src=0)
 
     def abort_all(self) -> None:
         """Drop every submitted, unfinished request (after an error), so the engine is empty again."""

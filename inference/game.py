@@ -12,8 +12,13 @@
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  format_penalty if invalid
     pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
-Group ids: the G_p samples of proposer prompt i share "s{step}-p{i}"; the G_s solver
-samples of question j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/rounds.py)
+Two schedules play it (inference/pipeline.py): in stages, as above (the turn schedule), or as a pipeline (the
+trajectory schedule: each proposer is checked, and its solver group starts, as soon as it ends; each solver is
+graded as it ends). Both give the same round for one seed.
+
+Slots: slot i belongs to proposer trajectory i (its question when valid, else a pool question drawn by
+FillPlan, else none); fixed QA questions take the slots after. Group ids: the G_p samples of proposer prompt i
+share "s{step}-p{i}"; the G_s solver samples of slot j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/rounds.py)
 names them "s{step}r{k}-p{i}" and "s{step}r{k}-q{j}". Rewards are written into the trajectories;
 advantages are the trainer's business.
 
@@ -44,10 +49,13 @@ from inference.game_metrics import mean_or_zero as _mean, round_stats as _stats
 from inference.judge import Judge, JudgeItem
 # the RAG check (inference/rag_check.py); its names stay importable from here too
 from inference.rag_check import RAG_INSTRUCTION, rag_check, rag_prompt, solver_view  # noqa: F401
-from inference.prompts import build_proposer_prompt, build_solver_prompt
-from inference.rewards import PROPOSER_REWARD_KINDS, extract_answer, is_answer_spam, proposer_reward, solver_reward
-from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from inference.self_search import build_self_search_prompt, shape_solver_rewards
+# the round's slots and its pipeline (inference/pipeline.py); qcp_of stays importable from here too
+from inference.pipeline import (QCP_DOC_CHARS, FillPlan, Played, RoundPipeline, judge_item,  # noqa: F401
+                                proposer_requests, qa_question, qcp_of, slot_question, solver_requests)
+from inference.rag_check import rag_rng
+from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
+from inference.rollout import RolloutConfig, concurrent_search, run_rollouts
+from inference.self_search import shape_solver_rewards
 from inference.trajectory import GameMeta, Trajectory
 from utils.text import normalize_answer
 
@@ -206,6 +214,10 @@ class QuestionPool:
             return []
         return self.rng.sample(list(self.items), min(k, len(self.items)))
 
+    def shuffled(self) -> list[dict]:
+        """Every question, in a random order (the round's FillPlan)."""
+        return self.rng.sample(list(self.items), len(self.items))
+
     def clear_admitted(self) -> int:
         """Remove every question the game admitted; rows seeded from a file (step < 0) stay. Returns how many went."""
         keep = [it for it in self.items if it.get("step", 0) < 0]
@@ -222,18 +234,6 @@ class QuestionPool:
         for it in items:
             pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"), it.get("solve_rate"))
         return pool
-
-
-QCP_DOC_CHARS = 1200  # a stored document's contents are cut here (the teacher's token budget cuts again)
-
-
-def qcp_of(t: Trajectory) -> dict:
-    """A proposer trajectory's question construction path (QCP): its queries in order and the documents
-    each returned. The solver's self-distillation teacher reads it as privileged context (issue 22;
-    inference/prompts.teacher_context)."""
-    docs = [[{"id": str(d.get("id", "")), "contents": str(d.get("contents", ""))[:QCP_DOC_CHARS]} for d in call]
-            for call in (t.docs or [])]
-    return {"queries": [str(q) for q in (t.queries or [])], "docs": docs}
 
 
 @dataclass
@@ -258,20 +258,16 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
 def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
             rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
-    reqs = []
-    for i, row in enumerate(rows):
-        ids = build_proposer_prompt(engine.tokenizer, row.answer, row.search_turns, cfg.template)
-        reqs += [RolloutRequest("proposer", f"s{step}-p{i}", ids, answer=row.answer,
-                                meta=GameMeta(search_turns=row.search_turns, row=i))] * cfg.proposer_n
-    return run_rollouts(engine, reqs, search_fn, rollout_cfg)
+    return run_rollouts(engine, proposer_requests(engine.tokenizer, rows, cfg, step), search_fn, rollout_cfg)
 
 
 def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-             rng: random.Random, max_info_tokens: int = 512) -> tuple[list[str | None], dict[int, bool | None]]:
+             rng: random.Random | Callable[[int], random.Random], max_info_tokens: int = 512) -> tuple[list[str | None], dict[int, bool | None]]:
     """Per proposer trajectory, the reason it is invalid (None = valid), and the RAG verdicts.
 
     The question is the rollout's final <question> action (parsed by inference/parser.py);
-    a trajectory that stopped any other way has none.
+    a trajectory that stopped any other way has none. rng: candidate i's random stream for its RAG check,
+    rng(i) (play_round gives each its own, as the pipeline does), or one stream for all.
     """
     fcfg = cfg.filter_config()
     reasons: list[str | None] = []
@@ -295,30 +291,28 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
     return reasons, verdict
 
 
-def solve(engine: Any, questions: list[dict], search_fn: SearchFn | None, cfg: GameConfig,
+def solve(engine: Any, questions: list[dict] | dict[int, dict], search_fn: SearchFn | None, cfg: GameConfig,
           rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
-    """G_s solver rollouts per question in ONE batched call; question j's group is "s{step}-q{j}".
+    """G_s solver rollouts per question in ONE batched call; slot j's group is "s{step}-q{j}".
 
-    questions: {"question", "answer", "proposer": index of the proposer trajectory or None (from the pool)}.
+    questions: {"question", "answer", "proposer": index of the proposer trajectory or None (from the pool)},
+    as a list (slot = position) or {slot: question}.
     """
-    reqs = []
-    for j, q in enumerate(questions):
-        ids = (build_self_search_prompt if rollout_cfg.self_search else build_solver_prompt)(
-            engine.tokenizer, q["question"], cfg.template)
-        source = q.get("source", "proposer" if q["proposer"] is not None else "pool")
-        meta = GameMeta(proposer=q["proposer"], source=source, qcp=q.get("qcp"))
-        reqs += [RolloutRequest("solver", f"s{step}-q{j}", ids, question=q["question"], answer=q["answer"],
-                                meta=meta)] * cfg.solver_n
+    slots = questions.items() if isinstance(questions, dict) else enumerate(questions)
+    reqs = [r for j, q in sorted(slots, key=lambda jq: jq[0])
+            for r in solver_requests(engine.tokenizer, j, q, cfg, rollout_cfg, step)]
     return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
 
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,
-          cfg: GameConfig) -> None:
-    """Write the rewards of both roles into the trajectories (and the why into their outcome)."""
-    preds = [extract_answer(t.response_text) for t in sols]
-    verdicts = judge.judge_many([JudgeItem(t.question, t.answer, p) for t, p in zip(sols, preds)])
+          cfg: GameConfig, verdicts: list | None = None) -> None:
+    """Write the rewards of both roles into the trajectories (and the why into their outcome). verdicts: the
+    solvers' judge results when already graded (the pipeline grades each as it ends); None = grade them here."""
+    items = [judge_item(t) for t in sols]
+    if verdicts is None:
+        verdicts = judge.judge_many(items)
     correct_by_prop: dict[int, list[float]] = {}
-    for t, p, v in zip(sols, preds, verdicts):
+    for t, p, v in zip(sols, (it.answer for it in items), verdicts):
         spam = is_answer_spam(t.response_text, cfg.max_answer_tags)
         t.reward = solver_reward(v.correct, spam, cfg.spam_divisor)
         o = t.outcome
@@ -369,26 +363,24 @@ def play_round(
     if not rows and not qa_questions:
         raise ValueError("play_round needs at least one proposer row or QA question")
     prop_search, solver_search = _search_fns(search_fn)
-    rng = random.Random(cfg.seed * 1_000_003 + step if not round_idx else f"{cfg.seed}/{step}/{round_idx}")
     tag = step if not round_idx else f"{step}r{round_idx}"   # the group ids' "s{tag}-"
     judge_before = dict(judge.stats)
 
     prop_rcfg, sol_rcfg = ((rollout_cfg["proposer"], rollout_cfg["solver"]) if isinstance(rollout_cfg, dict)
                            else (rollout_cfg, rollout_cfg))
-    props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
-    # the policy verifier reads the documents as the solver's rollouts are cut
-    reasons, verdict = validate(props, engine, judge, cfg, rng, sol_rcfg.max_info_tokens) if props else ([], {})
+    n_props = len(rows) * cfg.proposer_n
+    plan = FillPlan(pool.shuffled() if (pool is not None and cfg.use_pool) else [], n_props)
+    rng_for = lambda i: rag_rng(cfg.seed, tag, i)  # noqa: E731  candidate i's own draws, in both schedules
+    if pipelined(prop_rcfg, sol_rcfg, prop_search, solver_search):
+        played = RoundPipeline(engine, judge, cfg, prop_search, solver_search, prop_rcfg, sol_rcfg, tag, plan,
+                               rng_for).play(rows, qa_questions)
+    else:
+        played = play_staged(engine, rows, prop_search, solver_search, judge, cfg, prop_rcfg, sol_rcfg, tag, plan,
+                             rng_for, qa_questions)
+    props, reasons, verdict, fills, sols = played.props, played.reasons, played.verdict, played.fills, played.sols
     valid = [i for i, why in enumerate(reasons) if why is None]
     qcps = {i: qcp_of(props[i]) for i in valid}
-    questions = [{"question": props[i].question, "answer": props[i].answer, "proposer": i, "qcp": qcps[i]}
-                 for i in valid]
-    fills = pool.sample(len(props) - len(valid)) if (pool is not None and cfg.use_pool) else []
-    questions += [{"question": f["question"], "answer": f["answer"], "proposer": None, "qcp": f.get("qcp")}
-                  for f in fills]
-    questions += [{"question": q["question"], "answer": q["answer"], "proposer": None, "source": "qa"}
-                  for q in qa_questions]
-    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
-    score(props, reasons, sols, judge, cfg)
+    score(props, reasons, sols, judge, cfg, played.sol_verdicts)
     for i, t in enumerate(props):
         t.outcome.rag = verdict.get(i)
     excluded = mark_excluded(props, sols, verdict)
@@ -409,6 +401,27 @@ def play_round(
         shape_solver_rewards(sols, cfg.spam_divisor)
         stats.update(signal_counts(sols))
     return GameResult(props + sols, stats)
+
+
+def pipelined(prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, prop_search: Any, solver_search: Any) -> bool:
+    """Whether the round runs as a pipeline (inference/pipeline.py): both roles on the trajectory schedule, and
+    both search backends safe to call from threads (simulated search is not: its round runs in stages)."""
+    return (prop_rcfg.schedule == sol_rcfg.schedule == "trajectory" and concurrent_search(prop_search)
+            and concurrent_search(solver_search))
+
+
+def play_staged(engine: Any, rows: Sequence[ProposerRow], prop_search: Any, solver_search: Any, judge: Judge,
+                cfg: GameConfig, prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
+                rng_for: Callable[[int], random.Random], qa_questions: Sequence[dict]) -> Played:
+    """The round in stages (the turn schedule): propose all, check all, solve all; play_round grades them all."""
+    props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
+    # the policy verifier reads the documents as the solver's rollouts are cut
+    reasons, verdict = validate(props, engine, judge, cfg, rng_for, sol_rcfg.max_info_tokens) if props else ([], {})
+    fills = plan.all(reasons)
+    questions = {i: q for i in range(len(props)) if (q := slot_question(i, props, reasons, fills.get(i))) is not None}
+    questions.update({len(props) + m: qa_question(q) for m, q in enumerate(qa_questions)})
+    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
+    return Played(props, reasons, verdict, [fills[i] for i in sorted(fills)], sols)
 
 
 def admit_to_pool(pool: QuestionPool, props: list[Trajectory], sols: list[Trajectory], valid: Sequence[int],

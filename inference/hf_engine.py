@@ -231,6 +231,12 @@ class HFEngine:
         """One process drives the whole model: no other rank must mirror its calls."""
         return 1
 
+    lockstep_first = True
+
+    def share_from_first(self, obj: Any) -> Any:
+        """No group to share with: `obj` itself."""
+        return obj
+
     def _stepper(self) -> GenerateStepper:
         if not hasattr(self, "_steps"):
             self._steps = GenerateStepper(self)

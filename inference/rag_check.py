@@ -114,52 +114,100 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
             return got
         del order[others[-1]]
 
-def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGenerator, judge: Judge, cfg: RagSettings,
-              rng: random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
-    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
-    (the verifier gave no reply, or the judge failed on a non-exact-match answer).
+def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: random.Random) -> list[int] | None:
+    """Up to k distractor trajectories for candidate i: trajectories of *other* proposer prompts (meta.row) that
+    found documents, drawn uniformly without replacement. The G_p samples of one prompt search around the same
+    answer, so their documents would help.
 
-    Distractors come from trajectories of *other* proposer prompts (meta.row): the
-    G_p samples of one prompt search around the same answer, so their documents would help.
+    props[j] is None while trajectory j is still running (the game's pipeline, inference/pipeline.py): the
+    others are shuffled with `rng` and scanned in that order, keeping those with documents, so the draw is the
+    same whenever the others end. None = a trajectory the scan needs is still running; ask again later."""
+    row = props[i].meta.row
+    others = [j for j, t in enumerate(props) if j != i and (t is None or t.meta.row != row)]
+    rng.shuffle(others)
+    picked: list[int] = []
+    for j in others:
+        if len(picked) == k:
+            break
+        if props[j] is None:
+            return None
+        if _flat_docs(props[j].docs):
+            picked.append(j)
+    return picked
+
+
+def rag_request(i: int, picked: list[int], props: Sequence[Trajectory], tok: Any, cfg: RagSettings,
+                rng: random.Random, max_info_tokens: int, limit: int) -> list[int] | list[dict]:
+    """What candidate i's verifier reads: the policy's prompt ids (solver_view), or the judge's chat messages."""
+    t = props[i]
+    if cfg.rag_verify == "policy":
+        return solver_view(tok, t.question, _searches(t), [s for j in picked for s in _searches(props[j])],
+                           cfg.template, max_info_tokens, limit, rng)
+    text = rag_prompt(t.question, _flat_docs(t.docs), [d for j in picked for d in _flat_docs(props[j].docs)], cfg, rng)
+    return [{"role": "user", "content": text}]
+
+
+def rag_sampling(cfg: RagSettings) -> SamplingConfig:
+    """The policy verifier answers greedily, in a short answer."""
+    return SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"])
+
+
+def rag_reply(t: Trajectory, reply: str | None) -> bool | None | str:
+    """The verdict a verifier's reply gives: True (its answer matches exactly), None (no reply: undecided), or the
+    predicted answer, which the judge must grade (rag_graded). Records outcome.rag_answer."""
+    pred = _rag_answer_text(reply)
+    t.outcome.rag_answer = pred
+    if pred is None:
+        return None
+    return True if exact_match(pred, t.answer) else pred
+
+
+def rag_graded(result: Any) -> bool | None:
+    """The verdict of a judged RAG answer. A judge that is down decides nothing: "wrong" would give the proposer
+    the invalid penalty for an outage. Undecided passes unchecked, and mark_excluded leaves the proposer group out."""
+    return None if result.judge_failed else result.correct
+
+
+def rag_rng(seed: int, tag: Any, i: int) -> random.Random:
+    """Candidate i's own random stream (distractors, document order): the same whichever candidate is checked first."""
+    return random.Random(f"rag/{seed}/{tag}/{i}")
+
+
+def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGenerator, judge: Judge, cfg: RagSettings,
+              rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
+    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
+    (the verifier gave no reply, or the judge failed on a non-exact-match answer). Every candidate at once: the
+    game's turn schedule (the pipeline checks each as it ends, with the same pieces and the same draws).
+
     The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
     exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
     """
     if not candidates:
         return {}
-    prompts = []
+    if isinstance(rng_for, random.Random):  # one stream for every candidate
+        one = rng_for
+        rng_for = lambda _i: one  # noqa: E731
+    tok = getattr(engine, "tokenizer", None)  # the judge verifier needs no engine
+    limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
+    asks = []
     for i in candidates:
-        row = props[i].meta.row
-        others = [j for j, t in enumerate(props) if t.meta.row != row and _flat_docs(t.docs)]
-        picked = rng.sample(others, min(cfg.rag_distractors, len(others)))
-        prompts.append((i, picked))
-
+        rng = rng_for(i)
+        asks.append(rag_request(i, pick_distractors(i, props, cfg.rag_distractors, rng), props, tok, cfg, rng,
+                                max_info_tokens, limit))
     if cfg.rag_verify == "policy":
-        tok = engine.tokenizer
-        limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
-        views = [solver_view(tok, props[i].question, _searches(props[i]), [s for j in picked for s in _searches(props[j])],
-                             cfg.template, max_info_tokens, limit, rng) for i, picked in prompts]
-        outs = engine.generate(views, SamplingConfig(temperature=0.0, max_tokens=cfg.rag_max_tokens, stop=["</answer>"]))
-        replies: list[str | None] = [o.text for o in outs]
+        replies: list[str | None] = [o.text for o in engine.generate(asks, rag_sampling(cfg))]
     else:
-        texts = [rag_prompt(props[i].question, _flat_docs(props[i].docs),
-                            [d for j in picked for d in _flat_docs(props[j].docs)], cfg, rng)
-                 for i, picked in prompts]
-        replies = judge.chat_many([[{"role": "user", "content": t}] for t in texts], max_tokens=cfg.rag_max_tokens)
+        replies = judge.chat_many(asks, max_tokens=cfg.rag_max_tokens)
 
     verdict: dict[int, bool | None] = {}
     ask = []
-    for (i, _), reply in zip(prompts, replies):
-        pred = _rag_answer_text(reply)
-        props[i].outcome.rag_answer = pred
-        if pred is None:
-            verdict[i] = None
-        elif exact_match(pred, props[i].answer):
-            verdict[i] = True
+    for i, reply in zip(candidates, replies):
+        v = rag_reply(props[i], reply)
+        if isinstance(v, str):
+            ask.append((i, v))
         else:
-            ask.append((i, pred))
+            verdict[i] = v
     results = judge.judge_many([JudgeItem(props[i].question, props[i].answer, p) for i, p in ask])
     for (i, _), res in zip(ask, results):
-        # A judge that is down decides nothing: "wrong" would give the proposer the invalid penalty
-        # for an outage. Undecided passes unchecked, and mark_excluded leaves the proposer group out.
-        verdict[i] = None if res.judge_failed else res.correct
+        verdict[i] = rag_graded(res)
     return verdict

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
 
-from inference.engine_api import GenerateStepper, SamplingConfig
+from inference.engine_api import SamplingConfig
 from inference.parser import PROPOSER_KINDS, SOLVER_KINDS, all_contents, find_blocks, model_text, parse_action
 from inference.prompts import format_docs
+from inference.step_loop import StepLoop
 from inference.trajectory import ROLES, GameMeta, Trajectory
 
 log = logging.getLogger(__name__)
@@ -110,11 +110,15 @@ class RolloutRequest:
     question: str = ""        # solver: the question asked
     answer: Any = None        # golden answer(s)
     meta: GameMeta = field(default_factory=GameMeta)  # the game's tag, copied into Trajectory.meta
+    index: int | None = None
+    """The trajectory's number in its sampling seeds (seed, index, turn); None = its position in the call. The
+    game numbers a solver group by its question's slot, so a group samples the same tokens however it starts."""
 
 
 @dataclass
 class _State:
     req: RolloutRequest
+    index: int
     ids: list[int]
     mask: list[int]
     logprobs: list[float]
@@ -188,33 +192,14 @@ def run_rollouts(
     if cfg.self_search and search_fn is not None:
         raise ValueError("self_search=True means the model writes its own documents; pass search_fn=None")
     tok = engine.tokenizer
-    limit = min(cfg.max_total_tokens, int(getattr(engine, "max_model_len", cfg.max_total_tokens)))
-    states: list[_State] = []
-    for i, r in enumerate(requests):
-        if r.role not in ROLES:
-            raise ValueError(f"request {i}: role must be one of {ROLES}, got {r.role!r}")
-        if not r.prompt_ids:
-            raise ValueError(f"request {i}: prompt_ids is empty")
-        if len(r.prompt_ids) >= limit:
-            raise ValueError(
-                f"request {i}: prompt has {len(r.prompt_ids)} tokens, at or over the budget of {limit} "
-                "(min of RolloutConfig.max_total_tokens and the engine's max_model_len); raise them or shorten the prompt"
-            )
-        n = len(r.prompt_ids)
-        states.append(_State(r, list(map(int, r.prompt_ids)), [0] * n, [0.0] * n))
+    limit = token_limit(engine, cfg)
+    states = [new_state(r, i, limit) for i, r in enumerate(requests)]
 
     schedule = cfg.schedule
-    if schedule == "trajectory" and not _concurrent_search(search_fn):
+    if schedule == "trajectory" and not concurrent_search(search_fn):
         # A stateful backend (simulated search: its RNG, and maybe the policy's own engine) must see the
         # calls in the order, and outside the stepping, that the turn schedule gives it.
         log.info("rollout: %s is not safe to call concurrently; running the turn schedule", _describe(search_fn))
-        schedule = "turn"
-    if schedule == "trajectory" and int(getattr(engine, "lockstep_ranks", 1)) > 1:
-        # Tensor parallelism under external_launcher: every rank of the group must submit the same requests
-        # in the same order, and each rank's searches return at their own moments. Until the group's first
-        # rank decides the order and shares it, TP > 1 runs the turn schedule (identical calls by construction).
-        log.info("rollout: the engine's %d tensor-parallel ranks run in lockstep; running the turn schedule",
-                 engine.lockstep_ranks)
         schedule = "turn"
     t0 = time.perf_counter()
     timing = {"engine_idle_s": 0.0}
@@ -227,7 +212,27 @@ def run_rollouts(
     for s in states:
         if not s.done:  # defensive: _absorb_turn never queues a search past the last turn
             s.stop_reason, s.pending_query = "max_turns", None
-    return [_to_trajectory(s, tok) for s in states]
+    return [to_trajectory(s, tok) for s in states]
+
+
+def token_limit(engine: Any, cfg: RolloutConfig) -> int:
+    """A trajectory's token budget: the smaller of cfg.max_total_tokens and the engine's max_model_len."""
+    return min(cfg.max_total_tokens, int(getattr(engine, "max_model_len", cfg.max_total_tokens)))
+
+
+def new_state(r: RolloutRequest, i: int, limit: int) -> _State:
+    """Request i's rollout state (its prompt checked against the budget)."""
+    if r.role not in ROLES:
+        raise ValueError(f"request {i}: role must be one of {ROLES}, got {r.role!r}")
+    if not r.prompt_ids:
+        raise ValueError(f"request {i}: prompt_ids is empty")
+    if len(r.prompt_ids) >= limit:
+        raise ValueError(
+            f"request {i}: prompt has {len(r.prompt_ids)} tokens, at or over the budget of {limit} "
+            "(min of RolloutConfig.max_total_tokens and the engine's max_model_len); raise them or shorten the prompt"
+        )
+    n = len(r.prompt_ids)
+    return _State(r, i if r.index is None else int(r.index), list(map(int, r.prompt_ids)), [0] * n, [0.0] * n)
 
 
 def _search_attr(search_fn: Any, name: str, default: Any) -> Any:
@@ -237,7 +242,7 @@ def _search_attr(search_fn: Any, name: str, default: Any) -> Any:
     return getattr(getattr(search_fn, "__self__", None), name, default)
 
 
-def _concurrent_search(search_fn: SearchFn | None) -> bool:
+def concurrent_search(search_fn: SearchFn | None) -> bool:
     """Whether search_fn may run in threads beside the engine: backends say `concurrent_safe = False` otherwise."""
     return search_fn is None or bool(_search_attr(search_fn, "concurrent_safe", True))
 
@@ -277,7 +282,7 @@ def _per_turn(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg
         if not active:
             break
         # every active trajectory has had exactly `turn` turns, so _sampling_for's seed is today's (seed, i, turn)
-        samplings = [_sampling_for(states[i], i, cfg, search_fn, limit) for i in active]
+        samplings = [_sampling_for(states[i], states[i].index, cfg, search_fn, limit) for i in active]
         outs = engine.generate([states[i].ids for i in active], samplings)
         if len(outs) != len(active):
             raise RuntimeError(f"engine returned {len(outs)} outputs for {len(active)} prompts")
@@ -291,96 +296,95 @@ def _per_turn(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg
 
 def _per_trajectory(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any,
                     limit: int, timing: dict) -> None:
-    """The trajectory schedule: one state machine per trajectory over a stepped engine.
+    """The trajectory schedule: every trajectory a RolloutBatch on one StepLoop (inference/step_loop.py)."""
+    loop = StepLoop(engine, cfg.max_inflight, cfg.search_workers)
+    batch = RolloutBatch(loop, search_fn, cfg, tok, limit)
+    for s in states:
+        batch.start(s)
+    t0 = loop.idle_s
+    loop.run()
+    batch.close()
+    timing["engine_idle_s"] += loop.idle_s - t0
 
-        submit(turn) -> engine decodes it among the others -> _absorb_turn
-          -> final action / stop: done
-          -> search: the queries of this engine step go to a thread as one search_fn call; the engine
-             keeps decoding the rest; when the documents are back the block is appended (mask 0) and
-             the next turn is submitted at once.
 
-    The engine interface is engine.submit(key, prompt_ids, sampling), engine.step() -> [(key, GenOutput)]
-    for the requests that finished in that step, engine.num_unfinished() and engine.abort_all().
-    At most cfg.max_inflight sequences are in the engine (0 = no bound here).
+class RolloutBatch:
+    """Trajectories sharing a search function and a RolloutConfig, each its own state machine on a StepLoop:
 
-    No importance correction is needed: the engine's weights are fixed for the whole call (a weight sync
-    happens between steps, never during a rollout), so every token is sampled by the policy the step
-    trains, exactly as under the turn schedule. No rollout continues across steps.
+        start(state) -> a turn joins the engine's running batch -> _absorb_turn
+          -> final action / stop: done (on_done(state))
+          -> search: the queries asked in one engine step go to a thread as one search_fn call; the engine
+             keeps decoding the others; when the documents are back the block is appended (mask 0) and the
+             trajectory's next turn is queued at once.
+
+    Several batches may share one loop (the game: proposers, RAG checks and solver groups, inference/pipeline.py).
+
+    No importance correction is needed: the engine's weights are fixed for the whole loop (a weight sync
+    happens between steps, never during a rollout), so every token is sampled by the policy the step trains,
+    exactly as under the turn schedule. No rollout continues across steps.
 
     Token ids stay the source of truth: the sampled ids are appended verbatim by _absorb_turn and only the
-    information block is tokenised (in this thread; the worker threads only call search_fn).
+    information block is tokenised (in the loop's thread; the worker threads only call search_fn).
     """
-    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
-    if not hasattr(engine, "submit"):  # an engine with generate() only: one batch per step
-        engine = GenerateStepper(engine)
-    ready: deque[int] = deque(i for i, s in enumerate(states) if not s.done)
-    inflight: set[int] = set()
-    searching: dict[Any, list[int]] = {}
-    bound = cfg.max_inflight or len(states)
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=len(states), desc="rollout trajectories", leave=False)
-    pool = ThreadPoolExecutor(max_workers=cfg.search_workers, thread_name_prefix="rollout-search")
-    try:
-        while ready or inflight or searching:
-            # 1. documents that are back: append them, and their trajectories' next turns are ready
-            for fut in [f for f in searching if f.done()]:
-                waiting = searching.pop(fut)
-                results, failed = fut.result()
-                for i in waiting:  # in trajectory order, whatever order the calls came back in
-                    _append_info(states[i], results.get(i, []), failed, cfg, tok, limit)
-                    if states[i].done:
-                        _finished(bar)
-                    else:
-                        ready.append(i)
-            # 2. fill the engine up to the bound
-            while ready and len(inflight) < bound:
-                i = ready.popleft()
-                engine.submit(i, states[i].ids, _sampling_for(states[i], i, cfg, search_fn, limit))
-                inflight.add(i)
-            if not inflight:
-                if searching:  # nothing to decode: the engine idles until a search returns
-                    t0 = time.perf_counter()
-                    wait(list(searching), return_when=FIRST_COMPLETED)
-                    timing["engine_idle_s"] += time.perf_counter() - t0
-                continue
-            # 3. one engine step; the turns that ended in it
-            asking = []
-            for i, out in sorted(engine.step(), key=lambda kv: kv[0]):
-                inflight.discard(i)
-                s = states[i]
-                _absorb_turn(s, out, cfg, tok, search_fn, limit)
-                if s.pending_query is not None:
-                    asking.append(i)
-                elif s.done:
-                    _finished(bar)
-            if asking:
-                waiting = [states[i] for i in asking]
-                fut = pool.submit(_fetch_docs_by_index, asking, waiting, search_fn, cfg)
-                searching[fut] = asking
-    except BaseException:
-        if inflight and hasattr(engine, "abort_all"):
-            engine.abort_all()  # leave the engine empty for the next call
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        if bar is not None:
-            bar.close()
+    def __init__(self, loop: StepLoop, search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any, limit: int,
+                 on_done: Callable[[_State], None] | None = None):
+        self.loop, self.search_fn, self.cfg, self.tok, self.limit = loop, search_fn, cfg, tok, limit
+        self.on_done = on_done
+        self.asking: list[_State] = []
+        self.bar = None
+        if cfg.progress:
+            from tqdm import tqdm
+            self.bar = tqdm(total=0, desc="rollout trajectories", leave=False)
+        loop.hook_after_step(self._flush)
 
+    def start(self, s: _State) -> None:
+        if self.bar is not None:
+            self.bar.total += 1
+            self.bar.refresh()
+        if s.done:
+            self._done(s)
+        else:
+            self._turn(s)
 
-def _finished(bar: Any) -> None:
-    if bar is not None:
-        bar.update(1)
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
+    def _turn(self, s: _State) -> None:
+        sampling = _sampling_for(s, s.index, self.cfg, self.search_fn, self.limit)
+        self.loop.generate(s.ids, sampling, lambda out: self._absorb(s, out))
 
-def _fetch_docs_by_index(idx: list[int], waiting: list[_State], search_fn: SearchFn,
-                         cfg: RolloutConfig) -> tuple[dict[int, list[dict]], bool]:
-    """Worker thread: one search_fn call for these trajectories' queries; ({trajectory index: docs}, failed)."""
-    results, failed = _fetch_docs(waiting, search_fn, cfg)
-    asked = [i for i, s in zip(idx, waiting) if s.pending_query]
-    return ({i: list(r or []) for i, r in zip(asked, results)} if results is not None else {}), failed
+    def _absorb(self, s: _State, out: Any) -> None:
+        _absorb_turn(s, out, self.cfg, self.tok, self.search_fn, self.limit)
+        if s.pending_query is not None:
+            self.asking.append(s)
+        elif s.done:
+            self._done(s)
+
+    def _flush(self) -> None:
+        """After an engine step: one search_fn call, in a thread, for the searches asked in it."""
+        if not self.asking:
+            return
+        waiting, self.asking = self.asking, []
+        self.loop.call(lambda: _fetch_docs(waiting, self.search_fn, self.cfg),
+                       lambda got: self._docs_back(waiting, got))
+
+    def _docs_back(self, waiting: list[_State], got: tuple[list | None, bool]) -> None:
+        results, failed = got
+        asked = [s for s in waiting if s.pending_query]
+        by_id = {id(s): list(r or []) for s, r in zip(asked, results or [])}
+        for s in waiting:
+            _append_info(s, by_id.get(id(s), []), failed, self.cfg, self.tok, self.limit)
+            if s.done:
+                self._done(s)
+            else:
+                self._turn(s)
+
+    def _done(self, s: _State) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+        if self.on_done is not None:
+            self.on_done(s)
 
 
 def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: SearchFn | None, limit: int) -> None:
@@ -504,7 +508,7 @@ def _mask_self_information(s: _State, start: int, tok: Any) -> None:
         s.logprobs[start + k] = 0.0
 
 
-def _to_trajectory(s: _State, tok: Any) -> Trajectory:
+def to_trajectory(s: _State, tok: Any) -> Trajectory:
     r = s.req
     final = _final_kind(r.role)
     question = r.question

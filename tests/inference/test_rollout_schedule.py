@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import gc
 import threading
+import time
 
 import pytest
 
+from inference.engine_api import GenerateStepper
 from inference.hf_engine import HFEngine
 from inference.prompts import SEARCH_FEW_SHOT
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
@@ -185,24 +187,102 @@ def test_stateful_search_runs_under_the_turn_schedule(vllm_engine):
     run_rollouts(vllm_engine, reqs, search, RolloutConfig(max_turns=2, max_tokens_per_turn=8, temperature=0.0),
                  stats=stats)
     assert stats["schedule"] == "turn"
-    assert not any(t.startswith("rollout-search") for t in threads)
+    assert not any(t.startswith("loop-") for t in threads)
 
 
-def test_tensor_parallel_ranks_keep_the_turn_schedule(vllm_engine):
-    """Under TP > 1 every rank must make the same engine calls in the same order; search threads return at
-    each rank's own moments, so run_rollouts keeps the turn schedule there (no broadcast of the order yet)."""
-    assert vllm_engine.lockstep_ranks == 1
-    tok = vllm_engine.tokenizer
+class ThreadGroup:
+    """A lockstep group faked with threads: share(rank, obj) returns rank 0's obj on every rank, and meets at a
+    barrier like the real broadcast (a rank that skips one hangs it; the timeout fails the test)."""
 
-    class TwoRankGroup(InflightProbe):
-        lockstep_ranks = 2
+    def __init__(self, world: int = 2):
+        self.barrier, self.slot = threading.Barrier(world, timeout=60), None
 
-        def generate(self, prompts, sampling):
-            return self.engine.generate(prompts, sampling)
+    def share(self, rank, obj):
+        if rank == 0:
+            self.slot = obj
+        self.barrier.wait()
+        out = self.slot
+        self.barrier.wait()
+        return out
 
-    probe = TwoRankGroup(vllm_engine)
-    reqs = [RolloutRequest("solver", "g", tok("Question: name a city.", add_special_tokens=False)["input_ids"])]
-    stats = {}
-    run_rollouts(probe, reqs, lambda q, k: [[] for _ in q], RolloutConfig(max_turns=2, max_tokens_per_turn=8,
-                                                                          temperature=0.0), stats=stats)
-    assert stats["schedule"] == "turn" and probe.submits == 0
+
+class GroupRank:
+    """One rank of a tensor-parallel group, faked: its own engine (driven through GenerateStepper), every engine
+    call recorded. lockstep=False makes the rank decide alone, as a rank that ignores the group would."""
+
+    def __init__(self, engine, group, rank, lockstep=True):
+        self.inner, self.group, self.rank = GenerateStepper(engine), group, rank
+        self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
+        self.lockstep_ranks, self.lockstep_first = (2 if lockstep else 1), rank == 0
+        self.calls, self.shares = [], 0
+
+    def submit(self, key, prompt, sampling):
+        self.calls.append(("submit", key, tuple(prompt)))
+        self.inner.submit(key, prompt, sampling)
+
+    def step(self):
+        out = self.inner.step()
+        self.calls.append(("step", tuple(k for k, _ in out)))
+        return out
+
+    def share_from_first(self, obj):
+        self.shares += 1
+        return self.group.share(self.rank, obj)
+
+    def num_unfinished(self):
+        return self.inner.num_unfinished()
+
+    def abort_all(self):
+        self.inner.abort_all()
+
+
+def _run_group(engines, bm25, lockstep, latency):
+    """Both ranks roll out the same requests under the trajectory schedule, one sequence in the engine at a time
+    (so each search is its own call, out while other turns decode); rank r's k-th search sleeps latency(r, k)."""
+    group = ThreadGroup()
+    ranks = [GroupRank(e, group, r, lockstep) for r, e in enumerate(engines)]
+    searched = [[], []]
+    results = [None, None]
+    cfg = dict(max_turns=3, max_tokens_per_turn=32, max_info_tokens=128, topk=2, temperature=0.0, seed=11)
+
+    def go(r):
+        def search(queries, topk):
+            k = len(searched[r])
+            searched[r].append(list(queries))
+            time.sleep(latency(r, k))
+            return bm25.search(queries, topk)
+        results[r] = run_rollouts(ranks[r], _requests(ranks[r].tokenizer, QUESTIONS[:3]), search,
+                                  RolloutConfig(schedule="trajectory", max_inflight=1, **cfg))
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert all(res is not None for res in results), "a rank failed or hung"
+    return ranks, searched, results, cfg
+
+
+def test_lockstep_ranks_make_identical_engine_calls_under_the_trajectory_schedule(smollm2_dir, bm25):
+    """Tensor parallelism under external_launcher: the group's first rank decides which searches are back and
+    shares their results (inference/step_loop.py), so both ranks submit and step identically although their
+    searches would take different times, only the first rank searches, and the trajectories equal the turn
+    schedule's. The negative control runs the same ranks deciding alone: their engine calls then differ, so the
+    check can see a broken lockstep."""
+    engines = [HFEngine(smollm2_dir, dtype="float32", max_model_len=2048) for _ in range(2)]
+    # rank 0's odd-numbered searches are slow, rank 1's even-numbered ones: each rank alone resumes its
+    # trajectories in another order
+    latency = lambda r, k: 2.5 if k % 2 == (1 - r) else 0.0  # noqa: E731  (longer than an engine step here)
+    ranks, searched, results, cfg = _run_group(engines, bm25, True, latency)
+    assert len(searched[0]) >= 2 and searched[1] == [], searched
+    assert ranks[0].shares == ranks[1].shares > 0
+    assert ranks[0].calls == ranks[1].calls
+    assert_same_trajectories(results[0], results[1])
+    turn = run_rollouts(engines[0], _requests(engines[0].tokenizer, QUESTIONS[:3]), bm25.search,
+                        RolloutConfig(schedule="turn", **cfg))
+    assert max(t.num_turns for t in turn) >= 2, "no trajectory searched: the multi-turn path was not exercised"
+    assert_same_trajectories(turn, results[0])
+
+    alone, searched_alone, results_alone, _ = _run_group(engines, bm25, False, latency)
+    assert searched_alone[0] and searched_alone[1]
+    assert alone[0].calls != alone[1].calls, "ranks deciding alone made the same calls: the control shows nothing"

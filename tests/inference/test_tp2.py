@@ -90,24 +90,31 @@ def test_tp2_greedy_matches_on_both_ranks_and_an_hf_reference(tp2_results, smoll
         assert max(abs(x - y) for x, y in zip(o.logprobs, lp)) <= 1e-3  # fp32, differently split reductions
 
 
-def test_tp2_rollout_makes_identical_engine_calls_and_trajectories_on_both_ranks(tp2_results):
-    a, b = tp2_results
-    # The trajectory schedule falls back to the turn schedule at lockstep_ranks > 1 (inference/rollout.py).
-    assert a["schedule"] == b["schedule"] == "turn"
+@pytest.mark.parametrize("schedule", ["trajectory", "turn"])
+def test_tp2_rollout_makes_identical_engine_calls_and_trajectories_on_both_ranks(tp2_results, schedule):
+    a, b = (r[schedule] for r in tp2_results)
+    assert a["schedule"] == b["schedule"] == schedule
     assert a["calls"] and a["calls"] == b["calls"]
     assert a["trajectories"] == b["trajectories"]
     trajs = a["trajectories"]
     assert max(t["searches"] for t in trajs) >= 1 and max(t["turns"] for t in trajs) >= 2, \
         "no trajectory searched: the multi-turn path was not exercised"
-    # Rank 0's searches slept 0.3 s, rank 1's none (tp2_worker.py): both searched the same queries anyway.
-    assert a["searches"] and a["searches"] == b["searches"]
+    if schedule == "trajectory":
+        # The first rank alone searches and shares what came back (inference/step_loop.py); rank 1 never does.
+        assert a["searches"] and b["searches"] == []
+        assert a["shares"] == b["shares"] > 0
+        assert any(c[0] == "submit" for c in a["calls"]), "the stepped engine was not used"
+    else:
+        # Rank 0's searches slept, rank 1's did not (tp2_worker.py): both searched the same queries anyway.
+        assert a["searches"] and a["searches"] == b["searches"]
 
 
-def test_tp2_rollout_equals_an_hf_turn_rollout(tp2_results, smollm2_dir, bm25):
+@pytest.mark.parametrize("schedule", ["trajectory", "turn"])
+def test_tp2_rollout_equals_an_hf_turn_rollout(tp2_results, smollm2_dir, bm25, schedule):
     """The TP-2 rollout's trajectories equal transformers' at TP 1 on the original SmolLM2 (same config)."""
-    a, _ = tp2_results
+    a = tp2_results[0][schedule]
     hf = HFEngine(str(smollm2_dir), dtype="float32", max_model_len=1024)
-    reqs = [RolloutRequest("solver", f"g{i}", p) for i, p in enumerate(a["prompts"])]
+    reqs = [RolloutRequest("solver", f"g{i}", p) for i, p in enumerate(tp2_results[0]["prompts"])]
     ref = run_rollouts(hf, reqs, bm25.search, RolloutConfig(schedule="turn", **ROLLOUT_CFG))
     assert [t.token_ids for t in ref] == [t["ids"] for t in a["trajectories"]]
     assert [t.loss_mask for t in ref] == [t["mask"] for t in a["trajectories"]]

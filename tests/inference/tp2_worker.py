@@ -2,8 +2,8 @@
 
 argv: model_dir bm25_dir out_prefix rollout_config_json. Both ranks build VLLMEngine(tensor_parallel_size=2,
 external_launcher=True) over gloo, generate greedily from the same prompts, then run the rollout
-(schedule "trajectory", which falls back to "turn" at TP > 1) with a BM25 search whose latency differs
-per rank, through a wrapper that records every engine call. Each rank writes out_prefix.<rank>.json.
+under both schedules with a BM25 search whose latency differs per rank, through a wrapper that records every
+engine call. Each rank writes out_prefix.<rank>.json.
 """
 
 from __future__ import annotations
@@ -39,8 +39,9 @@ class RecordingEngine:
 
     def __init__(self, engine):
         self.engine, self.tokenizer, self.max_model_len = engine, engine.tokenizer, engine.max_model_len
-        self.lockstep_ranks = engine.lockstep_ranks
+        self.lockstep_ranks, self.lockstep_first = engine.lockstep_ranks, engine.lockstep_first
         self.calls: list = []
+        self.shares = 0
 
     def generate(self, prompts, sampling):
         sp = sampling if isinstance(sampling, list) else [sampling]
@@ -55,6 +56,10 @@ class RecordingEngine:
         out = self.engine.step()
         self.calls.append(["step", [repr(k) for k, _ in out]])
         return out
+
+    def share_from_first(self, obj):
+        self.shares += 1
+        return self.engine.share_from_first(obj)
 
     def num_unfinished(self):
         return self.engine.num_unfinished()
@@ -86,18 +91,20 @@ def main() -> None:
     searches = []
 
     def search(queries, topk):
-        # Rank 0's searches are slow, rank 1's fast: the ranks' searches return at different moments.
-        time.sleep(0.3 if rank == 0 else 0.0)
+        # Rank 0's every other search is slow, rank 1's are all fast: were both to search, their results would
+        # come back at different moments, and each rank alone would resume its trajectories in another order.
+        time.sleep(0.3 if rank == 0 and len(searches) % 2 else 0.0)
         searches.append(list(queries))
         return retr.search(queries, topk)
 
-    rec = RecordingEngine(eng)
     reqs = [RolloutRequest("solver", f"g{i}", p, question=PROMPTS[i]) for i, p in enumerate(prompts)]
-    stats: dict = {}
-    trajs = run_rollouts(rec, reqs, search, RolloutConfig(schedule="trajectory", **rollout_cfg), stats=stats)
-    result.update(schedule=stats["schedule"], calls=rec.calls, searches=searches,
-                  trajectories=[{"ids": t.token_ids, "mask": t.loss_mask, "stop": t.stop_reason,
-                                 "turns": t.num_turns, "searches": t.num_searches} for t in trajs])
+    for schedule in ("trajectory", "turn"):
+        rec, stats, searches[:] = RecordingEngine(eng), {}, []
+        trajs = run_rollouts(rec, reqs, search, RolloutConfig(schedule=schedule, **rollout_cfg), stats=stats)
+        result[schedule] = dict(schedule=stats["schedule"], calls=rec.calls, searches=list(searches), shares=rec.shares,
+                                trajectories=[{"ids": t.token_ids, "mask": t.loss_mask, "stop": t.stop_reason,
+                                               "turns": t.num_turns, "searches": t.num_searches} for t in trajs])
+        eng.reset_prefix_cache()
     Path(f"{out_prefix}.{rank}.json").write_text(json.dumps(result))
     dist.barrier()
     del eng

