@@ -63,8 +63,10 @@ def test_each_engine_implements_every_method_with_the_protocols_signature(engine
 def test_each_engine_is_stepped_with_the_protocols_signature(engine):
     """The trajectory schedule's submit/step (inference/rollout.py) on vLLM, HF and the generate()-only adapter."""
     methods, data = protocol_members(SteppedGenerator)
-    assert methods - protocol_members(TokenGenerator)[0] == {"submit", "step", "num_unfinished", "abort_all"}
-    assert "lockstep_ranks" in data and hasattr(engine, "lockstep_ranks"), engine.__name__
+    assert methods - protocol_members(TokenGenerator)[0] == {"submit", "step", "num_unfinished", "abort_all",
+                                                             "share_from_first"}
+    for name in ("lockstep_ranks", "lockstep_first"):
+        assert name in data and hasattr(engine, name), (engine.__name__, name)
     for name in sorted(methods - {"generate"}):
         want, impl = inspect.signature(getattr(SteppedGenerator, name)), getattr(engine, name, None)
         assert callable(impl) and impl is not getattr(SteppedGenerator, name), (engine.__name__, name)
