@@ -172,3 +172,23 @@ def test_smollm2_round_pipeline_equals_stages(smollm2_dir, bm25):
     assert staged.stats == piped.stats
     assert eng.num_unfinished() == 0
     del eng
+
+
+class BrokenJudge(Judge):
+    """The exact-match judge, failing as a bug would (not an outage, which Judge itself turns into judge_failed)."""
+
+    def judge_many(self, items):
+        raise RuntimeError("judge bug")
+
+
+def test_an_error_in_a_thread_is_raised_by_the_round_and_leaves_the_engine_empty(tokenizer, bm25):
+    from inference.engine_api import GenerateStepper
+
+    engine = GenerateStepper(ScriptedPolicy(tokenizer))
+    rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_distractors=0, min_searches=2)
+    with pytest.raises(RuntimeError, match="judge bug"):
+        play_round(engine, rows, bm25.search, BrokenJudge(), cfg, RolloutConfig(max_turns=4, max_tokens_per_turn=32,
+                                                                                 max_info_tokens=128, topk=2))
+    assert engine.num_unfinished() == 0
+    assert not [t for t in threading.enumerate() if t.name.startswith("loop-")], "the loop's threads outlived it"
