@@ -433,9 +433,7 @@ def main(argv: list[str] | None = None) -> int:
         "schedule": ("turn (simulated search is stateful: run_rollouts falls back)"
                      if a.simulated and a.rollout_schedule == "trajectory" else
                      a.rollout_schedule + (f", at most {a.max_inflight} sequences in flight"
-                                           if a.rollout_schedule == "trajectory" and a.max_inflight else "")
-                     + (f"; TP {a.tp} ranks in lockstep, the first deciding for all"
-                        if a.tp > 1 and a.rollout_schedule == "trajectory" and not a.simulated else "")),
+                                           if a.rollout_schedule == "trajectory" and a.max_inflight else "")),
         "run_config": a.run_config or ("off (--no_run_config)" if a.no_run_config else "none (--model is in no run)"),
     }
     print("Evaluation protocol:\n" + "\n".join(protocol_lines(protocol)), flush=True)

@@ -280,10 +280,13 @@ class VLLMEngine:
 
     @property
     def lockstep_ranks(self) -> int:
-        """Ranks that must make identical engine calls in the same order (the TP group's size). Their
-        searches would return at different moments, so the group's first rank decides for all of them
-        (inference/step_loop.py), through share_from_first."""
-        return int(self.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size)
+        """Ranks that must make identical engine calls in the same order: the TP group's size under
+        external_launcher, 1 otherwise. Their searches would return at different moments, so the group's
+        first rank decides for all of them (inference/step_loop.py), through share_from_first."""
+        pc = self.llm.llm_engine.vllm_config.parallel_config
+        # Only external_launcher runs one engine per rank; vLLM's own executors (eval.py at --tp N: one process
+        # drives N workers it spawned) take one caller, whose calls need no mirror.
+        return int(pc.tensor_parallel_size) if pc.distributed_executor_backend == "external_launcher" else 1
 
     @property
     def lockstep_first(self) -> bool:
