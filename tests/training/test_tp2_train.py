@@ -9,6 +9,11 @@ Per schedule (--rollout_schedule), four launches that the tests share:
      emulation, so vLLM plays step 2 on step 1's starting weights;
   B1 A killed in step 2 after its generation (SSP_FAULT=after_generate:1), step 1's checkpoint on disk;
   B2 B1's command again (--resume auto), which must finish step 2 with A's metrics and weights.
+
+The game's trajectories here are single-turn: SmolLM2-135M did not write a <search> from the game's prompts
+(0 of 16 samples of 48 tokens per role, measured by hand), so the BM25 tool is built but not called. The multi-turn
+path at TP 2 (searches, information blocks, identical engine calls on both ranks) is tests/inference/test_tp2.py's,
+whose few-shot prompt makes the model search.
 """
 
 from __future__ import annotations
