@@ -90,6 +90,11 @@ def test_tp2_run_trains_on_both_ranks(runs, tp_model):
             assert math.isfinite(m[k]), (step, k, m[k])
         assert m["actor/grad_norm"] > 0 and m["actor/weights_changed_frac"] > 0.5, m
         assert m["sync/seconds"] > 0
+        # One data-parallel group: the counts summed over ranks count its games once, not once per TP rank
+        # (rollout/* are per-rank means; utils/metrics.py set_replicas).
+        assert m["game/proposer_trajs"] == m["rollout/proposer_trajs"], m
+        played = sum(m[f"rollout/{r}_response_tokens_mean"] * m[f"rollout/{r}_trajs"] for r in ("proposer", "solver"))
+        assert m["actor/num_tokens"] == pytest.approx(played) == m["train/proposer_tokens"] + m["train/solver_tokens"]
     # Both ranks saved their ZeRO-3 shard and trainer state after each step.
     for tag in ("step_000001", "step_000002"):
         ck = a / "checkpoints" / tag
