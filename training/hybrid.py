@@ -16,6 +16,7 @@ so every rank walks the same buckets in the same order.
 
 from __future__ import annotations
 
+import os
 import time
 
 from inference.engine_api import RolloutEngine
@@ -30,6 +31,7 @@ class HybridEngine:
         self.bucket_mb = bucket_mb    # gathered weights per reload call (0 = one decoder layer per call)
         self.mode = "generate"        # vLLM starts awake, holding the initial weights
         self.last_sync_s = 0.0
+        self.syncs = 0                # sync_weights calls so far (SSP_FAULT=skip_sync:N counts them)
         names = [n for n, _ in actor.module.named_parameters()]
         self.llm.expect_weights(names)  # what a sync after a level-2 sleep must cover
         frozen = sum(not p.requires_grad for p in actor.module.parameters())
@@ -54,6 +56,13 @@ class HybridEngine:
         import deepspeed
 
         t0 = time.perf_counter()
+        self.syncs += 1
+        if os.environ.get("SSP_FAULT", "") == f"skip_sync:{self.syncs}":
+            # Fault injection for the tests' negative control: this sync is left out, as a broken one would
+            # be, and the engine keeps the weights it had (on CPU without SSP_EMULATE_GPU_SLEEP).
+            print0(f"SSP_FAULT: sync {self.syncs} skipped")
+            self.last_sync_s = 0.0
+            return 0.0
         for bucket in self._buckets():
             params = [p for _, p in bucket]
             with deepspeed.zero.GatheredParameters(params, modifier_rank=None):

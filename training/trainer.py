@@ -58,7 +58,7 @@ from training.micro_batches import engine_logprobs
 from training.update import changed_fraction, ppo_update, snapshot_weights
 from utils import dist as D
 from utils.logging import RunLogger, fmt_metrics, print0, write_jsonl_atomic
-from utils.metrics import reduce_over_ranks, summed
+from utils.metrics import reduce_over_ranks, set_replicas, summed
 
 
 class SSPTrainer:
@@ -90,6 +90,7 @@ class SSPTrainer:
         # With TP > 1 every rank of a TP group must send identical prompts, so the group shares a seed
         # and a data shard (the rank's share is by TP group, not by rank).
         self.dp_rank, self.dp_world = self.rank // tp, self.world // tp
+        set_replicas(tp)  # so a count summed over ranks counts each of those games once (utils/metrics.py)
         self.llm, self.engines = build_models(cfg, self.rank, self.dp_rank, self.world)
         self.actor, self.critic = self.engines.actor, self.engines.critic
         self.tokenizer = self.llm.tokenizer
@@ -411,8 +412,9 @@ class SSPTrainer:
         ex = res["examples"]
         sums = D.all_reduce_sum([len(ex), sum(e["em"] for e in ex), sum(e["f1"] for e in ex),
                                  sum(float(e["judge_correct"]) for e in ex)])
-        n = max(sums[0], 1.0)
-        m = {"eval/n": sums[0], "eval/em": sums[1] / n, "eval/f1": sums[2] / n, "eval/judge_acc": sums[3] / n}
+        n = max(sums[0], 1.0)  # a TP group's ranks evaluate the same rows: eval/n counts them once
+        m = {"eval/n": sums[0] / self.cfg.rollout.vllm_tp, "eval/em": sums[1] / n, "eval/f1": sums[2] / n,
+             "eval/judge_acc": sums[3] / n}
         self.log.scalars(self.step, m)
         print0(f"eval @ step {self.step}: " + fmt_metrics(m, list(m)))
         return m

@@ -119,7 +119,8 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
 
 # A loss metric is this rank's share of a loss normalised by the global token count (training/loss.py), so the
 # step's loss is the ranks' sum; the tokens are a count. Summed over ranks (utils/metrics.py), the rest averaged.
-summed("actor/num_tokens", suffixes=("_loss",))
+summed("actor/num_tokens")
+summed(suffixes=("_loss",), shares=True)
 
 
 def reduce_step_metrics(steps: list[tuple[int, list[dict]]]) -> dict[str, float]:

@@ -20,6 +20,7 @@ import pytest
 from inference.engine_api import SamplingConfig
 from inference.hf_engine import HFEngine
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
+from tests.tp_model import write_tp2_smollm2
 from utils.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -32,33 +33,8 @@ ROLLOUT_CFG = dict(temperature=0.0, seed=11, topk=2, max_turns=3, max_tokens_per
 
 @pytest.fixture(scope="module")
 def tp_model_dir(smollm2_dir, tmp_path_factory) -> Path:
-    """SmolLM2-135M re-laid out so TP 2 can split it, computing the same function in fp32. Its 9 Q heads and
-    3 KV heads (groups of 3) become 12 Q and 6 KV heads (groups of 2): each KV head twice, and a zero Q head
-    (zero o_proj columns, so it adds nothing) fills the second half of each duplicated group."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path_factory.mktemp("smollm2_tp2")
-    m = AutoModelForCausalLM.from_pretrained(smollm2_dir, torch_dtype=torch.float32)
-    c = m.config
-    hd = c.hidden_size // c.num_attention_heads
-    assert (c.num_attention_heads, c.num_key_value_heads, hd) == (9, 3, 64)
-    qmap = [0, 1, 2, None, 3, 4, 5, None, 6, 7, 8, None]  # new Q head -> old Q head (None: zero head)
-    kvmap = [0, 0, 1, 1, 2, 2]
-    for layer in m.model.layers:
-        a = layer.self_attn
-        q, o = a.q_proj.weight.data.view(9, hd, -1), a.o_proj.weight.data.view(-1, 9, hd)
-        k, v = a.k_proj.weight.data.view(3, hd, -1), a.v_proj.weight.data.view(3, hd, -1)
-        nq = [q[i] if i is not None else torch.zeros_like(q[0]) for i in qmap]
-        no = [o[:, i] if i is not None else torch.zeros_like(o[:, 0]) for i in qmap]
-        a.q_proj.weight.data = torch.stack(nq).reshape(12 * hd, -1)
-        a.o_proj.weight.data = torch.stack(no, 1).reshape(-1, 12 * hd)
-        a.k_proj.weight.data = k[kvmap].reshape(6 * hd, -1).contiguous()
-        a.v_proj.weight.data = v[kvmap].reshape(6 * hd, -1).contiguous()
-    c.num_attention_heads, c.num_key_value_heads, c.head_dim = 12, 6, hd
-    m.save_pretrained(out, safe_serialization=True)
-    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
-    return out
+    """SmolLM2-135M re-laid out so TP 2 can split it, computing the same function in fp32 (tests/tp_model.py)."""
+    return write_tp2_smollm2(smollm2_dir, tmp_path_factory.mktemp("smollm2_tp2"))
 
 
 @pytest.fixture(scope="module")

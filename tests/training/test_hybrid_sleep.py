@@ -104,3 +104,38 @@ def test_emulated_level2_sleep_poisons_and_a_full_resend_heals(tiny_model_dir):
     finally:
         del llm
         gc.collect()
+
+
+def test_skip_sync_fault_leaves_out_only_the_named_sync(monkeypatch):
+    """SSP_FAULT=skip_sync:N (the TP-2 training test's negative control, tests/training/test_tp2_train.py) leaves
+    out the N-th sync_weights call and no other; the others send every weight and reset the prefix cache."""
+    import torch
+
+    from training.hybrid import HybridEngine
+
+    class Llm:
+        def __init__(self):
+            self.calls = []
+
+        def expect_weights(self, names):
+            self.names = list(names)
+
+        def load_weights(self, named):
+            self.calls.append(("load", [n for n, _ in named]))
+
+        def reset_prefix_cache(self):
+            self.calls.append(("reset",))
+
+    class Actor:
+        module = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 1))
+
+    monkeypatch.setenv("SSP_FAULT", "skip_sync:2")
+    llm = Llm()
+    h = HybridEngine(Actor(), llm)
+    per_sync = [("load", llm.names), ("reset",)]
+    h.sync_weights()
+    assert llm.calls == per_sync and h.last_sync_s > 0
+    llm.calls.clear()
+    assert h.sync_weights() == 0.0 and llm.calls == [] and h.last_sync_s == 0.0
+    h.sync_weights()
+    assert llm.calls == per_sync and h.syncs == 3

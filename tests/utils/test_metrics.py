@@ -44,6 +44,8 @@ def test_a_game_filter_count_is_summed_over_two_ranks(two_ranks):
 
 
 def test_a_mean_is_over_the_ranks_that_report_it(two_ranks):
+    import training.update  # noqa: F401 - declares the *_loss shares (alone, this file never imported it)
+
     per_rank = [{"x/undeclared_mean": 2.0, "actor/pg_loss": 0.5}, {"actor/pg_loss": 0.25}]
     got = two_ranks.run(lambda r: M.reduce_over_ranks(per_rank[r]))[0]
     assert got == {"actor/pg_loss": 0.75, "x/undeclared_mean": 2.0} == naive(per_rank)
@@ -67,3 +69,23 @@ def test_every_metric_the_trainer_summed_is_declared_where_it_is_made():
 def test_one_rank_passes_through():
     m = {"game/filter/too_short": 2.0, "solver/acc": 0.5}
     assert M.reduce_over_ranks(m) == m
+
+
+def test_a_tp_group_counts_its_games_once_and_keeps_the_loss_shares(two_ranks, monkeypatch):
+    """At --vllm_tp 2 both ranks of the group play the same games (training/trainer.py sets the replicas): the
+    reduced counts equal one copy's, not twice that, and a loss (each rank's share of it, normalised by a global
+    count that held both copies) sums to the one copy's loss. Reference: one rank alone with the whole game."""
+    import inference.game  # noqa: F401 - declares the game's counts
+    import training.update  # noqa: F401 - declares actor/num_tokens and the *_loss shares
+
+    monkeypatch.setattr(M, "_replicas", 1)  # restored after the test
+    alone = {"game/proposer_trajs": 4.0, "game/filter/too_short": 3.0, "actor/num_tokens": 120.0,
+             "actor/pg_loss": 0.5, "game/valid_rate": 0.25}
+    copy = dict(alone, **{"actor/pg_loss": 0.25})   # sum(copy's loss terms) / (2 x 120 tokens): half of it
+    M.set_replicas(2)
+    got = two_ranks.run(lambda r: M.reduce_over_ranks(dict(copy)))
+    assert got[0] == got[1] == alone
+    M.set_replicas(1)
+    assert two_ranks.run(lambda r: M.reduce_over_ranks(dict(copy)))[0]["game/proposer_trajs"] == 8.0
+    with pytest.raises(ValueError):
+        M.set_replicas(0)

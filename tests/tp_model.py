@@ -1,0 +1,38 @@
+"""SmolLM2-135M re-laid out so tensor parallel 2 can split it (tests/inference/test_tp2.py,
+tests/training/test_tp2_train.py).
+
+SmolLM2's 9 attention heads and 3 KV heads do not divide by 2. The copy has 12 Q heads and 6 KV heads
+(groups of 2) and computes the same function in fp32: each KV head appears twice, and a zero Q head (zero
+o_proj columns, so it adds nothing) fills the second half of each duplicated group.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def write_tp2_smollm2(smollm2_dir: Path, out: Path) -> Path:
+    """Write the re-laid-out SmolLM2 (fp32 safetensors and the tokenizer) into `out`; returns `out`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    m = AutoModelForCausalLM.from_pretrained(smollm2_dir, torch_dtype=torch.float32)
+    c = m.config
+    hd = c.hidden_size // c.num_attention_heads
+    assert (c.num_attention_heads, c.num_key_value_heads, hd) == (9, 3, 64)
+    qmap = [0, 1, 2, None, 3, 4, 5, None, 6, 7, 8, None]  # new Q head -> old Q head (None: zero head)
+    kvmap = [0, 0, 1, 1, 2, 2]
+    for layer in m.model.layers:
+        a = layer.self_attn
+        q, o = a.q_proj.weight.data.view(9, hd, -1), a.o_proj.weight.data.view(-1, 9, hd)
+        k, v = a.k_proj.weight.data.view(3, hd, -1), a.v_proj.weight.data.view(3, hd, -1)
+        nq = [q[i] if i is not None else torch.zeros_like(q[0]) for i in qmap]
+        no = [o[:, i] if i is not None else torch.zeros_like(o[:, 0]) for i in qmap]
+        a.q_proj.weight.data = torch.stack(nq).reshape(12 * hd, -1)
+        a.o_proj.weight.data = torch.stack(no, 1).reshape(-1, 12 * hd)
+        a.k_proj.weight.data = k[kvmap].reshape(6 * hd, -1).contiguous()
+        a.v_proj.weight.data = v[kvmap].reshape(6 * hd, -1).contiguous()
+    c.num_attention_heads, c.num_key_value_heads, c.head_dim = 12, 6, hd
+    m.save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    return out
