@@ -388,11 +388,16 @@ def play_round(
     # question's solve rate is known
     admitted = admit_to_pool(pool, props, sols, valid, qcps, cfg, step) if pool is not None else 0
 
-    one_search = one_search_answerable([props[i].question for i in valid], [props[i].answer for i in valid],
-                                       solver_search, sol_rcfg.topk)
+    # a probe for the stats: a TP group's first rank asks, and shares the answer (the pipeline's rule)
+    one_search = (one_search_answerable([props[i].question for i in valid], [props[i].answer for i in valid],
+                                        solver_search, sol_rcfg.topk)
+                  if getattr(engine, "lockstep_first", True) else None)
+    if int(getattr(engine, "lockstep_ranks", 1)) > 1:
+        one_search = engine.share_from_first(one_search)
     stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
                    admitted=admitted)
     stats.update(excluded)
+    stats["game/pipelined"] = float(played.sol_verdicts is not None)  # 1: the pipeline (trajectory schedule) played it
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     if cfg.self_search_format_reward:

@@ -165,9 +165,16 @@ class RoundPipeline:
             self.props_batch.start(new_state(r, i, limit))
         if n == 0:
             self._all_decided()
+        before = dict(self.judge.stats)
         self.loop.run()
         self.props_batch.close()
         self.sols_batch.close()
+        # Only a TP group's first rank called the judge: the others take its counts, so every rank's stats
+        # read the round as played (the trainer's metrics treat the group's ranks as copies of one game).
+        made = self.loop.share({k: self.judge.stats[k] - before[k] for k in before})
+        if not self.loop.first:
+            for k, v in made.items():
+                self.judge.stats[k] = before[k] + v
         states = [s for slot in sorted(self.sol_states) for s in self.sol_states[slot]]
         return Played(self.props, self.reasons, self.verdict, [self.fills[i] for i in sorted(self.fills)],
                       [to_trajectory(s, self.tok) for s in states], [self.graded[id(s)] for s in states],

@@ -76,6 +76,10 @@ class StepLoop:
         self.calls[self.call_ids] = (fut, on_result)
         self.call_ids += 1
 
+    def share(self, obj: Any) -> Any:
+        """The lockstep group's first rank's `obj` on every rank (`obj` itself without a group)."""
+        return self.engine.share_from_first(obj) if self.lockstep else obj
+
     def hook_after_step(self, fn: Callable[[], None]) -> None:
         """fn() after each engine step and after each delivery of calls: where callbacks batch what they asked."""
         self.after_step.append(fn)

@@ -69,7 +69,7 @@ BY_SOLVER_TRAJS = ("solver/acc", "solver/reward_mean", "solver/spam_rate", "solv
                    "solver/searches_mean")
 MEAN_WEIGHT = {**{k: "game/proposer_trajs" for k in BY_PROPOSER_TRAJS}, **{k: "solver" for k in BY_SOLVER_TRAJS},
                "game/rag_pass_rate": "game/rag_checked"}
-LAST = ("game/pool_size",)
+LAST = ("game/pool_size", "game/pipelined")
 SUMMED_PREFIXES = ("judge/",)
 """Per-round differences of the judge's counters: summed over rounds here (the trainer averages them over ranks)."""
 

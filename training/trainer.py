@@ -374,10 +374,12 @@ class SSPTrainer:
     # ------------------------------------------------------------------ metrics, samples, eval
     def step_metrics(self, played: list, trajs: list) -> dict:
         """The step's rollout, token, search and curriculum metrics, reduced over ranks (collective)."""
-        m = reduce_over_ranks({**rollout_metrics(played, self.cfg.search.self_search_format_reward),
-                               **S.search_counts(self.search)})
+        # Under the trajectory schedule only a TP group's first rank calls the search (inference/step_loop.py):
+        # the group reports its counts, so each rank's line reads the group's games, as the replicas assume.
+        counts, seconds = self.llm.share_from_first((S.search_counts(self.search), S.search_seconds(self.search)))
+        m = reduce_over_ranks({**rollout_metrics(played, self.cfg.search.self_search_format_reward), **counts})
         m.update(reduce_over_ranks(trained_tokens(trajs)))
-        m.update(S.search_seconds(self.search))
+        m.update(seconds)
         if self.curriculum.backend is not None:
             m.update(reduce_over_ranks(self.curriculum.step_metrics()))
         return m

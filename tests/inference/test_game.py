@@ -52,7 +52,7 @@ STAT_KEYS = {
     "game/no_question", *(f"game/no_question/{w}" for w in NO_QUESTION_WHY), "game/valid_answer_in_text",
     "game/valid_probed", "game/valid_one_search", "game/fresh_s0", "game/fresh_mid", "game/fresh_s1",
     "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct", "game/pool_admitted",
-    "game/solver_groups",
+    "game/solver_groups", "game/pipelined",
     "game/informative_groups", *(f"game/{k}/{src}" for k in ("solver_groups", "informative_groups") for src in SOURCES),
 }
 SEED_POOL = [

@@ -120,7 +120,8 @@ def test_stats_count_solve_rates_kinds_stops_and_the_pool():
     assert "game/informative_share/qa" not in sh                                   # no qa group: no value, not 0
 
     # every count is summed over ranks, every mean averaged (the trainer's reduction reads is_count)
-    means = {"game/valid_rate", "game/filter_pass_rate", "game/rag_pass_rate", "game/pool_size", "proposer/reward_mean",
+    means = {"game/valid_rate", "game/filter_pass_rate", "game/rag_pass_rate", "game/pool_size",
+             "proposer/reward_mean",
              "proposer/searches_mean", "solver/acc", "solver/reward_mean", "solver/spam_rate", "solver/turns_mean",
              "solver/searches_mean"}
     assert {k for k in st if not is_count(k)} == means

@@ -107,12 +107,14 @@ def _play(engine, search, schedule, rag="off", qa=QA):
     return res, pool
 
 
-def _same_round(a, b):
+def _same_round(a, b, pipelined=(0.0, 1.0)):
     assert [t.group_id for t in a.trajectories] == [t.group_id for t in b.trajectories]
     for x, y in zip(a.trajectories, b.trajectories):
         assert x.token_ids == y.token_ids and x.loss_mask == y.loss_mask and x.question == y.question
         assert x.reward == y.reward and x.outcome == y.outcome and x.meta == y.meta
-    assert a.stats == b.stats
+    assert (a.stats.get("game/pipelined"), b.stats.get("game/pipelined")) == pipelined
+    assert {k: v for k, v in a.stats.items() if k != "game/pipelined"} == \
+        {k: v for k, v in b.stats.items() if k != "game/pipelined"}
 
 
 def test_scripted_round_pipeline_equals_stages_and_overlaps_them(tokenizer, bm25):
@@ -169,6 +171,7 @@ def test_smollm2_round_pipeline_equals_stages(smollm2_dir, bm25):
     for x, y in zip(staged.trajectories, piped.trajectories):
         assert x.token_ids == y.token_ids and x.reward == y.reward and x.outcome == y.outcome
         assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) <= 1e-4
+    assert (staged.stats.pop("game/pipelined"), piped.stats.pop("game/pipelined")) == (0.0, 1.0)
     assert staged.stats == piped.stats
     assert eng.num_unfinished() == 0
     del eng
@@ -192,3 +195,54 @@ def test_an_error_in_a_thread_is_raised_by_the_round_and_leaves_the_engine_empty
                                                                                  max_info_tokens=128, topk=2))
     assert engine.num_unfinished() == 0
     assert not [t for t in threading.enumerate() if t.name.startswith("loop-")], "the loop's threads outlived it"
+
+
+class CountingJudge(Judge):
+    """The exact-match judge, recording how many items reached it on this rank."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = 0
+
+    def judge_many(self, items):
+        self.seen += len(items)
+        return super().judge_many(items)
+
+
+def test_pipelined_round_keeps_two_lockstep_ranks_identical(tokenizer, bm25):
+    """Tensor parallelism faked with two threads (tests/inference/test_rollout_schedule.py's ThreadGroup): each
+    rank plays the whole round through its own engine, its searches slow where the other's are fast. The first rank
+    alone searches and judges; both make the same engine calls and end with the same round, judge counts included."""
+    from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
+
+    group = ThreadGroup()
+    ranks = [GroupRank(ScriptedPolicy(tokenizer), group, r) for r in (0, 1)]
+    judges = [CountingJudge(), CountingJudge()]
+    searched = [[], []]
+    out = [None, None]
+
+    def go(r):
+        def search(queries, topk):
+            searched[r].append(list(queries))
+            time.sleep(0.3 if (len(searched[r]) + r) % 2 else 0.0)
+            return bm25.search(queries, topk)
+        out[r] = _play_with(ranks[r], search, judges[r])
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert out[0] is not None and out[1] is not None, "a rank failed or hung"
+    assert searched[0] and searched[1] == [] and judges[0].seen > 0 and judges[1].seen == 0
+    assert ranks[0].calls == ranks[1].calls and ranks[0].shares == ranks[1].shares > 0
+    _same_round(out[0], out[1], pipelined=(1.0, 1.0))
+    assert judges[0].stats == judges[1].stats
+
+
+def _play_with(engine, search, judge):
+    rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow("Algeria", 2)]
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="policy", rag_distractors=1, min_searches=2, seed=5)
+    rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, max_inflight=2)
+    pool = QuestionPool.from_list(POOL, max_size=8, seed=1)
+    return play_round(engine, rows, search, judge, cfg, rcfg, pool=pool, step=4, qa_questions=QA)
