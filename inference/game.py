@@ -56,6 +56,7 @@ from inference.rag_check import rag_rng
 from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, concurrent_search, run_rollouts
 from inference.self_search import shape_solver_rewards
+from inference.step_loop import first_rank_value
 from inference.trajectory import GameMeta, Trajectory
 from utils.text import normalize_answer
 
@@ -389,11 +390,8 @@ def play_round(
     admitted = admit_to_pool(pool, props, sols, valid, qcps, cfg, step) if pool is not None else 0
 
     # a probe for the stats: a TP group's first rank asks, and shares the answer (the pipeline's rule)
-    one_search = (one_search_answerable([props[i].question for i in valid], [props[i].answer for i in valid],
-                                        solver_search, sol_rcfg.topk)
-                  if getattr(engine, "lockstep_first", True) else None)
-    if int(getattr(engine, "lockstep_ranks", 1)) > 1:
-        one_search = engine.share_from_first(one_search)
+    one_search = first_rank_value(engine, lambda: one_search_answerable(
+        [props[i].question for i in valid], [props[i].answer for i in valid], solver_search, sol_rcfg.topk))
     stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
                    admitted=admitted)
     stats.update(excluded)

@@ -34,6 +34,14 @@ from typing import Any, Callable
 from inference.engine_api import GenerateStepper, GenOutput, SamplingConfig
 
 
+def first_rank_value(engine: Any, fn: Callable[[], Any]) -> Any:
+    """fn() on the lockstep group's first rank, its value on every rank of the group (a collective there); fn()
+    itself for an engine without a group. For what the loop's callers ask the outside world beside the loop."""
+    if int(getattr(engine, "lockstep_ranks", 1)) <= 1:
+        return fn()
+    return engine.share_from_first(fn() if engine.lockstep_first else None)
+
+
 class _Failed:
     """A call's exception, carried to the other ranks and raised on all of them."""
 

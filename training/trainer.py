@@ -34,6 +34,7 @@ import torch
 from inference.data import mix_search_turns
 from inference.evaluate import EvalConfig, evaluate
 from inference.game import QuestionPool, play_round, pool_clear_due, rollout_record, shares
+from inference.step_loop import first_rank_value
 from training import checkpoint as C
 from training import search as S
 from training.advantages import role_advantages
@@ -376,7 +377,8 @@ class SSPTrainer:
         """The step's rollout, token, search and curriculum metrics, reduced over ranks (collective)."""
         # Under the trajectory schedule only a TP group's first rank calls the search (inference/step_loop.py):
         # the group reports its counts, so each rank's line reads the group's games, as the replicas assume.
-        counts, seconds = self.llm.share_from_first((S.search_counts(self.search), S.search_seconds(self.search)))
+        counts, seconds = first_rank_value(self.llm, lambda: (S.search_counts(self.search),
+                                                              S.search_seconds(self.search)))
         m = reduce_over_ranks({**rollout_metrics(played, self.cfg.search.self_search_format_reward), **counts})
         m.update(reduce_over_ranks(trained_tokens(trajs)))
         m.update(seconds)

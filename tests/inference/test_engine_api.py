@@ -132,6 +132,8 @@ def attributes_used(path: str, receivers: set[str]) -> set[str]:
 CALLERS = [  # (file, receivers bound to an engine there, the protocol they are typed with)
     ("training/hybrid.py", {"self.llm"}, RolloutEngine),
     ("inference/rollout.py", {"engine"}, SteppedGenerator),
+    ("inference/step_loop.py", {"engine", "self.engine"}, SteppedGenerator),
+    ("inference/pipeline.py", {"engine", "self.engine"}, TokenGenerator),
     ("inference/game.py", {"engine"}, TokenGenerator),
     ("inference/evaluate.py", {"engine"}, TokenGenerator),
     ("inference/rag_check.py", {"engine"}, TokenGenerator),
