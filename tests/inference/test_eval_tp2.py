@@ -14,10 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.tp_model import write_tp2_smollm2
+from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
 
 REPO = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # may wait for another worker's TP runs
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_tp_run_at_a_time():
+    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
+    with one_tp_run_at_a_time():
+        yield
+
 
 
 def _eval(model: Path, index: Path, tp: int, out: Path) -> tuple[str, list[dict]]:

@@ -20,10 +20,17 @@ import pytest
 from inference.engine_api import SamplingConfig
 from inference.hf_engine import HFEngine
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from tests.tp_model import write_tp2_smollm2
+from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
 from utils.dist import free_port
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # may wait for another worker's TP runs
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_tp_run_at_a_time():
+    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
+    with one_tp_run_at_a_time():
+        yield
+
 
 REPO = Path(__file__).resolve().parents[2]
 WORKER = REPO / "tests" / "inference" / "tp2_worker.py"

@@ -84,7 +84,7 @@ DRIVER = textwrap.dedent("""
     from training.config import parse_config
     from training.trainer import SSPTrainer
     modes, common, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
-    import inference.game as G
+    import inference.pipeline as G  # judge_item extracts the solvers' answers for both schedules
     extract = G.extract_answer
     alive = []  # a collected vLLM engine tears down process groups DeepSpeed still caches
     for name, extra in modes.items():

@@ -26,10 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.tp_model import write_tp2_smollm2
+from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
 from tests.training.test_trainer import _args, _metrics, _stable, _torchrun, _weights, workdir  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_tp_run_at_a_time():
+    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
+    with one_tp_run_at_a_time():
+        yield
+
 
 # The trajectory schedule is the default; "turn" is one more entry here (6.4 more minutes on 2 cores; it passed
 # with the same numbers, run by hand on 2026-11-27).
