@@ -214,7 +214,7 @@ class GroupRank:
         self.inner, self.group, self.rank = GenerateStepper(engine), group, rank
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
         self.lockstep_ranks, self.lockstep_first = (2 if lockstep else 1), rank == 0
-        self.calls, self.shares = [], 0
+        self.calls, self.shares, self.steps = [], 0, 0
 
     def submit(self, key, prompt, sampling):
         self.calls.append(("submit", key, tuple(prompt)))
@@ -222,6 +222,7 @@ class GroupRank:
 
     def step(self):
         out = self.inner.step()
+        self.steps += 1
         self.calls.append(("step", tuple(k for k, _ in out)))
         return out
 
@@ -249,7 +250,10 @@ def _run_group(engines, bm25, lockstep, latency):
         def search(queries, topk):
             k = len(searched[r])
             searched[r].append(list(queries))
-            time.sleep(latency(r, k))
+            if latency(r, k):  # slow: back only after this rank's engine stepped twice more (or 30 s), whatever the load
+                steps0, t0 = ranks[r].steps, time.time()
+                while ranks[r].steps < steps0 + 2 and time.time() - t0 < 30:
+                    time.sleep(0.01)
             return bm25.search(queries, topk)
         results[r] = run_rollouts(ranks[r], _requests(ranks[r].tokenizer, QUESTIONS[:3]), search,
                                   RolloutConfig(schedule="trajectory", max_inflight=1, **cfg))
@@ -272,7 +276,7 @@ def test_lockstep_ranks_make_identical_engine_calls_under_the_trajectory_schedul
     engines = [HFEngine(smollm2_dir, dtype="float32", max_model_len=2048) for _ in range(2)]
     # rank 0's odd-numbered searches are slow, rank 1's even-numbered ones: each rank alone resumes its
     # trajectories in another order
-    latency = lambda r, k: 2.5 if k % 2 == (1 - r) else 0.0  # noqa: E731  (longer than an engine step here)
+    latency = lambda r, k: k % 2 == (1 - r)  # noqa: E731  slow or not (see _run_group)
     ranks, searched, results, cfg = _run_group(engines, bm25, True, latency)
     assert len(searched[0]) >= 2 and searched[1] == [], searched
     assert ranks[0].shares == ranks[1].shares > 0
