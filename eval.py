@@ -76,7 +76,7 @@ from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_l
 from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
-from inference.rollout import RolloutConfig
+from inference.rollout import ROLLOUT_FLAGS, RolloutConfig, rollout_flag_errors
 from inference.simulated_search import SimulatedSearch
 from retrieval.manifest import index_file, read_manifest, resolve_encoder
 from training.config import Config, RolloutArgs, SearchArgs, add_field_flags, parse_bool
@@ -331,6 +331,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if a.samples > 1 and a.temperature <= 0:
         p.error(f"--samples {a.samples} needs --temperature > 0: greedy decoding (--temperature {a.temperature:g}) "
                 "gives the same answer every time, so pass@K would equal greedy EM")
+    for err in rollout_flag_errors({k: getattr(a, k) for k in ROLLOUT_FLAGS}):
+        p.error(err)
+    if a.batch_size < 1:
+        p.error(f"--batch_size must be >= 1, got {a.batch_size}")
     if a.max_total_tokens > a.max_model_len and a.engine == "vllm":
         p.error(f"--max_total_tokens {a.max_total_tokens} exceeds --max_model_len {a.max_model_len}; raise the latter")
     return a

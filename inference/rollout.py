@@ -91,15 +91,40 @@ class RolloutConfig:
     """Trajectory schedule: threads serving search calls concurrently."""
 
     def __post_init__(self) -> None:
-        for name in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk", "search_workers"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"RolloutConfig.{name} must be >= 1, got {getattr(self, name)}")
-        if self.schedule not in SCHEDULES:
-            raise ValueError(f"RolloutConfig.schedule must be one of {SCHEDULES}, got {self.schedule!r}")
-        if self.max_inflight < 0:
-            raise ValueError(f"RolloutConfig.max_inflight must be >= 0 (0 = unbounded), got {self.max_inflight}")
-        if self.max_info_tokens < 8:
-            raise ValueError(f"RolloutConfig.max_info_tokens={self.max_info_tokens} leaves no room for the tags; use >= 8")
+        errs = rollout_errors(vars(self))
+        if errs:
+            raise ValueError("; ".join(errs))
+
+
+ROLLOUT_FLAGS = ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk", "rollout_schedule",
+                 "max_inflight")
+"""train.py's and eval.py's flags (their dest names) that become RolloutConfig fields of the same name, but
+--rollout_schedule, which is `schedule`."""
+
+
+def rollout_flag_errors(flags: dict) -> list[str]:
+    """rollout_errors on flag values keyed by ROLLOUT_FLAGS, the messages naming the flags."""
+    values = {("schedule" if k == "rollout_schedule" else k): v for k, v in flags.items()}
+    return rollout_errors(values, name=lambda field: "--" + ("rollout_schedule" if field == "schedule" else field))
+
+
+def rollout_errors(values: dict, name=lambda field: f"RolloutConfig.{field}") -> list[str]:
+    """What is wrong with these RolloutConfig fields ([] when nothing is); fields absent from `values` are not
+    checked. `name` spells a field in the messages: train.py and eval.py pass their flags' names, so a bad flag
+    is refused before anything loads (training/validation.py, eval.py) with the rules RolloutConfig enforces."""
+    errs = []
+    for field in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk", "search_workers"):
+        if field in values and values[field] < 1:
+            errs.append(f"{name(field)} must be >= 1, got {values[field]}")
+    if "schedule" in values and values["schedule"] not in SCHEDULES:
+        errs.append(f"{name('schedule')} must be one of {', '.join(SCHEDULES)}, got {values['schedule']!r}")
+    if values.get("max_inflight", 0) < 0:
+        errs.append(f"{name('max_inflight')} must be >= 0 (0 = no bound beyond the engine's own), "
+                    f"got {values['max_inflight']}")
+    if 1 <= values.get("max_info_tokens", 8) < 8:
+        errs.append(f"{name('max_info_tokens')} {values['max_info_tokens']} leaves no room for the <information> "
+                    f"tags; use >= 8")
+    return errs
 
 
 @dataclass

@@ -121,6 +121,10 @@ def test_cli_refuses_bad_flags(tmp_path, capsys):
                        (["--index", str(tmp_path / "nope")], "is not a built index"),
                        (["--max_total_tokens", "9000"], "exceeds --max_model_len"),
                        (["--samples", "0"], "--samples must be >= 1"),
+                       (["--max_inflight", "-1"], "--max_inflight must be >= 0"),
+                       (["--max_turns", "0"], "--max_turns must be >= 1, got 0"),
+                       (["--topk", "0"], "--topk must be >= 1, got 0"),
+                       (["--batch_size", "0"], "--batch_size must be >= 1, got 0"),
                        (["--samples", "3"], "--samples 3 needs --temperature > 0"),
                        (["--samples", "3", "--temperature", "0"], "greedy decoding (--temperature 0)")):
         with pytest.raises(SystemExit):

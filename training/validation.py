@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import fields
 
+from inference.rollout import ROLLOUT_FLAGS, rollout_flag_errors
 from training.critic_config import critic_errors, needs_critic
 from training.launch_env import cuda_present, demo_default_errors, node_count
 from training.rounds import refill_errors
@@ -36,8 +37,10 @@ def group_errors(cfg) -> list[str]:
 
 def cross_group_errors(cfg, world_size: int | None = None) -> list[str]:
     """The refusals that read fields of two groups, or the world size."""
-    errs = []
     r, sp, a, d, o = cfg.rollout, cfg.selfplay, cfg.algorithm, cfg.distill, cfg.optimisation
+    # RolloutConfig's own rules, on the flags that feed it (training/setup.protocol_rollout_config), refused here
+    # rather than when the first round builds it, after the model and vLLM have loaded
+    errs = rollout_flag_errors({k: getattr(cfg.search if k == "topk" else r, k) for k in ROLLOUT_FLAGS})
     if a.solver_estimator in GROUP_ESTIMATORS and sp.solver_n < 2:
         errs.append(f"--solver_estimator {a.solver_estimator} needs a group: --solver_n must be >= 2 (got {sp.solver_n})")
     if a.proposer_estimator in GROUP_ESTIMATORS and sp.proposer_n < 2:

@@ -123,6 +123,16 @@ CROSS = [
     ({"selfplay": {"prompts_per_step": 5}}, 2, "--prompts_per_step 5 must be a multiple of the data-parallel size 2"),
     ({"selfplay": {"prompts_per_step": 2}, "algorithm": {"ppo_mini_batches": 8}}, 2,
      "--ppo_mini_batches 8 is a count of mini-batches per step"),
+    # RolloutConfig's own rules (inference/rollout.rollout_errors) on the flags that feed it: refused here, before
+    # anything loads, not when the first round builds the RolloutConfig (train.py spent 31 s to get there)
+    ({"rollout": {"max_inflight": -1}}, None, "--max_inflight must be >= 0 (0 = no bound beyond the engine's own), "
+                                              "got -1"),
+    ({"rollout": {"max_turns": 0}, "selfplay": {"min_searches": 0}}, None, "--max_turns must be >= 1, got 0"),
+    ({"rollout": {"max_tokens_per_turn": 0}}, None, "--max_tokens_per_turn must be >= 1, got 0"),
+    ({"rollout": {"max_info_tokens": 5}}, None, "--max_info_tokens 5 leaves no room for the <information> tags"),
+    ({"search": {"topk": 0}}, None, "--topk must be >= 1, got 0"),
+    ({"rollout": {"rollout_schedule": "async"}}, None, "--rollout_schedule must be one of trajectory, turn, "
+                                                       "got 'async'"),
 ]
 
 
