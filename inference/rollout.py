@@ -395,11 +395,8 @@ class RolloutBatch:
                        lambda got: self._docs_back(waiting, got))
 
     def _docs_back(self, waiting: list[_State], got: tuple[list | None, bool]) -> None:
-        results, failed = got
-        asked = [s for s in waiting if s.pending_query]
-        by_id = {id(s): list(r or []) for s, r in zip(asked, results or [])}
+        _answer_searches(waiting, got, self.cfg, self.tok, self.limit)
         for s in waiting:
-            _append_info(s, by_id.get(id(s), []), failed, self.cfg, self.tok, self.limit)
             if s.done:
                 self._done(s)
             else:
@@ -459,7 +456,13 @@ def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: Rollo
     waiting = [s for s in states if s.pending_query is not None]
     if not waiting:
         return
-    results, failed = _fetch_docs(waiting, search_fn, cfg)
+    _answer_searches(waiting, _fetch_docs(waiting, search_fn, cfg), cfg, tok, limit)
+
+
+def _answer_searches(waiting: list[_State], got: tuple[list | None, bool], cfg: RolloutConfig, tok: Any,
+                     limit: int) -> None:
+    """Append to each trajectory of `waiting` the information block of what _fetch_docs returned for it."""
+    results, failed = got
     asked = [s for s in waiting if s.pending_query]
     by_id = {id(s): list(r or []) for s, r in zip(asked, results or [])}
     for s in waiting:
