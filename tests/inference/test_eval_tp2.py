@@ -5,7 +5,6 @@ and prediction must be the same."""
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -14,17 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
+from tests.tp_model import clear_tp_shm, tp_module_lock, write_tp2_smollm2  # noqa: F401 (autouse lock)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # may wait for another worker's TP runs
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_tp_run_at_a_time():
-    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
-    with one_tp_run_at_a_time():
-        yield
-
 
 
 def _eval(model: Path, index: Path, tp: int, out: Path) -> tuple[str, list[dict]]:
@@ -37,8 +29,7 @@ def _eval(model: Path, index: Path, tp: int, out: Path) -> tuple[str, list[dict]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), VLLM_CPU_OMP_THREADS_BIND="nobind")
     if tp == 1:
         env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    for f in glob.glob("/dev/shm/*cpushm*"):  # a killed TP run's leftovers (test_tp2.py says why)
-        os.remove(f)
+    clear_tp_shm()  # a killed TP run's leftovers (tests/tp_model.py)
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc.stdout, [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]

