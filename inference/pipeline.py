@@ -158,6 +158,7 @@ class RoundPipeline:
         reqs = proposer_requests(self.tok, rows, self.cfg, self.tag)
         n = len(reqs)
         self.props, self.reasons, self.decided = [None] * n, [None] * n, [False] * n
+        self.rows = [r.meta.row for r in reqs]  # each trajectory's prompt row, known before it ends
         for m, q in enumerate(qa_questions):   # known already: their solver groups start with the proposers
             self._start_solvers(n + m, qa_question(q))
         limit = token_limit(self.engine, self.props_batch.cfg)
@@ -198,7 +199,7 @@ class RoundPipeline:
         """Start the RAG check of every waiting candidate whose distractors have ended (in index order)."""
         for i in sorted(self.rag_waiting):
             rng = self.rng_for(i)
-            picked = pick_distractors(i, self.props, self.cfg.rag_distractors, rng)
+            picked = pick_distractors(i, self.props, self.cfg.rag_distractors, rng, self.rows)
             if picked is None:
                 continue
             self.rag_waiting.remove(i)

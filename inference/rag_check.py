@@ -114,16 +114,20 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
             return got
         del order[others[-1]]
 
-def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: random.Random) -> list[int] | None:
+def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: random.Random,
+                     rows: Sequence[int] | None = None) -> list[int] | None:
     """Up to k distractor trajectories for candidate i: trajectories of *other* proposer prompts (meta.row) that
     found documents, drawn uniformly without replacement. The G_p samples of one prompt search around the same
     answer, so their documents would help.
 
     props[j] is None while trajectory j is still running (the game's pipeline, inference/pipeline.py): the
     others are shuffled with `rng` and scanned in that order, keeping those with documents, so the draw is the
-    same whenever the others end. None = a trajectory the scan needs is still running; ask again later."""
-    row = props[i].meta.row
-    others = [j for j, t in enumerate(props) if j != i and (t is None or t.meta.row != row)]
+    same whenever the others end. None = a trajectory the scan needs is still running; ask again later.
+    rows[j]: trajectory j's prompt row, known before it ends (the pipeline passes its requests' rows): a
+    still-running sibling of candidate i must be left out of the draw as the staged round leaves it out, or
+    the shuffle, hence the pick, differs. None = read off props, which must then all have ended."""
+    rows = [t.meta.row for t in props] if rows is None else rows
+    others = [j for j in range(len(props)) if j != i and rows[j] != rows[i]]
     rng.shuffle(others)
     picked: list[int] = []
     for j in others:

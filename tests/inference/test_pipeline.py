@@ -246,3 +246,51 @@ def _play_with(engine, search, judge):
     rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, max_inflight=2)
     pool = QuestionPool.from_list(POOL, max_size=8, seed=1)
     return play_round(engine, rows, search, judge, cfg, rcfg, pool=pool, step=4, qa_questions=QA)
+
+
+class SiblingsDiffer(ScriptedPolicy):
+    """Same-prompt proposers that behave differently: a proposer whose first turn's seed is odd searches four times
+    before it asks, so its sibling ends first, while it is still running. A prompt that has read documents
+    and is not a proposer's (a solver, the policy's RAG check) answers the title of the first document it read, so
+    which distractors a RAG check drew, and in what order, shows in its verdict and its recorded answer."""
+
+    def generate(self, prompts, sampling):
+        import re
+
+        from inference.engine_api import per_prompt_sampling
+
+        outs = []
+        for p, s in zip(prompts, per_prompt_sampling(sampling, len(prompts))):
+            text = self.tokenizer.decode(p)
+            k = text.count(INFO_OPEN)
+            if "You set puzzles" in text and "Lincoln" in text and k < 4 and ("slowpoke" in text or (
+                    k == 0 and (s.seed or 0) % 2)):
+                reply = f"<search> Lincoln slowpoke {k} </search>"
+            elif "You set puzzles" in text and "Paris" in text and k < 2:
+                reply = ["<search> Paris </search>", "<search> Paris France city </search>"][k]
+            elif "You set puzzles" in text or k == 0:
+                out, = super().generate([p], s)
+                outs.append(out)
+                continue
+            else:
+                title = re.search(r"Doc 1 \(Title: ([^)]*)\)", text[text.find(INFO_OPEN):])
+                reply = f"<answer> {title.group(1) if title else 'none'} </answer>"
+            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
+            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
+        return outs
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_a_running_sibling_never_changes_the_rag_check_draw(tokenizer, bm25, seed):
+    """Issue 40 (5): with --proposer_n 2, a candidate whose sibling is still running draws its RAG distractors as the
+    staged round does, from the other prompts only. Three prompts, so a draw has something to choose from."""
+    rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow("Algeria", 2), ProposerRow("Paris", 2)]
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="policy", rag_distractors=2, min_searches=2, seed=seed)
+    played = []
+    for schedule in ("turn", "trajectory"):
+        rcfg = RolloutConfig(max_turns=6, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3,
+                             schedule=schedule)
+        played.append(play_round(SiblingsDiffer(tokenizer), rows, bm25.search, Judge(), cfg, rcfg, step=4))
+    _same_round(*played)
+    props = [t for t in played[1].trajectories if t.role == "proposer"]
+    assert ["slowpoke" in " ".join(t.queries) for t in props[:2]].count(True) == 1, "the siblings did not differ"
