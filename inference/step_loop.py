@@ -39,7 +39,11 @@ def first_rank_value(engine: Any, fn: Callable[[], Any]) -> Any:
     itself for an engine without a group. For what the loop's callers ask the outside world beside the loop."""
     if int(getattr(engine, "lockstep_ranks", 1)) <= 1:
         return fn()
-    return engine.share_from_first(fn() if engine.lockstep_first else None)
+    # An exception on the first rank travels to the others, which would otherwise wait in the share forever.
+    value = engine.share_from_first(_catching(fn) if engine.lockstep_first else None)
+    if isinstance(value, _Failed):
+        raise value.exc
+    return value
 
 
 class _Failed:
@@ -118,10 +122,14 @@ class StepLoop:
             if self.inflight and hasattr(self.engine, "abort_all"):
                 self.engine.abort_all()  # leave the engine empty for the next caller
             self.inflight.clear()
+            # A call still running may never return (a search back-end that hangs): waiting for it would hang the
+            # error too. Its thread is then left to end on its own, its result never read.
+            idle = all(f is None or f.done() for f, _ in self.calls.values())
+            self._pool.shutdown(wait=idle, cancel_futures=True)
+            self._serial.shutdown(wait=idle, cancel_futures=True)
             raise
-        finally:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._serial.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=True)  # every call has been delivered: nothing is left to wait for
+        self._serial.shutdown(wait=True)
 
     def _after(self) -> None:
         for fn in self.after_step:
