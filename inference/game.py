@@ -54,7 +54,7 @@ from inference.pipeline import (QCP_DOC_CHARS, FillPlan, Played, RoundPipeline, 
                                 proposer_requests, qa_question, qcp_of, slot_question, solver_requests)
 from inference.rag_check import rag_rng
 from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
-from inference.rollout import RolloutConfig, concurrent_search, run_rollouts
+from inference.rollout import RolloutConfig, _search_attr, concurrent_search, run_rollouts
 from inference.self_search import shape_solver_rewards
 from inference.step_loop import first_rank_value
 from inference.trajectory import GameMeta, Trajectory
@@ -391,7 +391,7 @@ def play_round(
 
     # a probe for the stats: a TP group's first rank asks, and shares the answer (the pipeline's rule)
     one_search = first_rank_value(engine, lambda: one_search_answerable(
-        [props[i].question for i in valid], [props[i].answer for i in valid], solver_search, sol_rcfg.topk))
+        [props[i].question for i in valid], [props[i].answer for i in valid], uncounted(solver_search), sol_rcfg.topk))
     stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
                    admitted=admitted)
     stats.update(excluded)
@@ -404,6 +404,14 @@ def play_round(
         shape_solver_rewards(sols, cfg.spam_divisor)
         stats.update(signal_counts(sols))
     return GameResult(props + sols, stats)
+
+
+def uncounted(search: Any) -> Any:
+    """The probe's search: a metric's, not the policy's, so it must not count in search/calls (a counting wrapper
+    offers `uncounted`, training/search.TimedSearch). A simulated backend stays as it is: the probe skips it."""
+    if search is None or _search_attr(search, "wants_context", False):
+        return search
+    return _search_attr(search, "uncounted", search)
 
 
 def pipelined(prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, prop_search: Any, solver_search: Any) -> bool:

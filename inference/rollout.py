@@ -163,10 +163,15 @@ class _State:
         return bool(self.stop_reason)
 
 
-def _turn_seed(base: int | None, i: int, turn: int) -> int | None:
+ROLE_SEED_SALT = {"proposer": 1_299_709, "solver": 0}
+"""Keeps the roles' seed streams apart: proposer trajectory i and solver trajectory i of one round (same base seed,
+same index) sampled with the same seeds before. No (index, turn) of one role reaches another's for turns < 100."""
+
+
+def _turn_seed(base: int | None, i: int, turn: int, role: str = "solver") -> int | None:
     if base is None:
         return None
-    return (base * 1_000_003 + i * 10_007 + turn * 101) % (2**31 - 1)
+    return (base * 1_000_003 + i * 10_007 + turn * 101 + ROLE_SEED_SALT[role]) % (2**31 - 1)
 
 
 def _final_kind(role: str) -> str:
@@ -278,13 +283,13 @@ def _describe(search_fn: Any) -> str:
 
 
 def _sampling_for(s: _State, i: int, cfg: RolloutConfig, search_fn: SearchFn | None, limit: int) -> SamplingConfig:
-    """Trajectory i's next turn. The seed depends on (cfg.seed, i, turn) only, never on which other
+    """Trajectory i's next turn. The seed depends on (cfg.seed, role, i, turn) only, never on which other
     sequences share the engine's batch, so both schedules sample the same tokens."""
     # Without a tool (no search_fn, or self-search) a <search> is just text: keep writing.
     stops = ["</search>"] if search_fn is not None else []
     stops.append(f"</{_final_kind(s.req.role)}>")
     return SamplingConfig(
-        temperature=cfg.temperature, top_p=cfg.top_p, stop=stops, seed=_turn_seed(cfg.seed, i, s.turns),
+        temperature=cfg.temperature, top_p=cfg.top_p, stop=stops, seed=_turn_seed(cfg.seed, i, s.turns, s.req.role),
         max_tokens=min(cfg.max_tokens_per_turn, limit - len(s.ids)),
     )
 

@@ -39,6 +39,10 @@ class TimedSearch:
         self.calls = self.queries = self.failures = 0
         self.seconds = 0.0
 
+    def uncounted(self, queries: list[str], topk: int) -> list[list[dict]]:
+        """The backend's search, left out of the counts: for the game's metric probes (inference/game.uncounted)."""
+        return self.backend.search(queries, topk)
+
     def search(self, queries: list[str], topk: int, contexts: list[dict] | None = None) -> list[list[dict]]:
         t0 = time.perf_counter()
         with self._lock:
