@@ -166,7 +166,12 @@ class VLLMEngine:
                 f"sleep, or sleep at level 1 (weights kept in host memory) when some are never re-sent")
         params = [self._sampling_params(s) for s in per_prompt_sampling(sampling, len(prompts))]
         reqs = [TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts]
-        return [self._gen_output(o) for o in self.llm.generate(reqs, params, use_tqdm=False)]
+        outs = self.llm.generate(reqs, params, use_tqdm=False)
+        # LLM.generate also returns any request left in the engine (submitted, never aborted): callers pair by position.
+        if len(outs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outs)} outputs for {len(prompts)} prompts: requests submitted "
+                               "earlier were still in the engine (abort_all() them, or let step() finish them)")
+        return [self._gen_output(o) for o in outs]
 
     # --- weight sync --------------------------------------------------------------------------
     def update_weights(self, named_tensors: Iterable[tuple[str, Any]]) -> None:
@@ -208,7 +213,12 @@ class VLLMEngine:
 
     def reset_prefix_cache(self) -> None:
         # Without this, prompts longer than one KV block reuse KV computed with the old weights.
-        self.llm.reset_prefix_cache()
+        # vLLM refuses (returns False) while any request still holds KV blocks: never ignore that.
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError(
+                f"vLLM refused to reset its prefix cache: {self.num_unfinished()} unfinished request(s) still hold "
+                "KV blocks, so KV computed with the old weights would be reused. Finish them, or abort_all(), "
+                "before a weight sync")
 
     # --- memory -------------------------------------------------------------------------------
     def sleep(self, level: int = 2) -> None:
@@ -227,7 +237,7 @@ class VLLMEngine:
             self.llm.sleep(level=level)
         else:
             self._emulation.sleep(level)
-            self.llm.reset_prefix_cache()
+            self.reset_prefix_cache()
         self.sleeping, self.sleep_level = True, level
         if level == 2 and self.weight_names:
             self._unsent = set(self.weight_names)
@@ -276,7 +286,8 @@ class VLLMEngine:
         return done
 
     def num_unfinished(self) -> int:
-        return len(getattr(self, "_stepping", {}))
+        """vLLM's own count of unfinished requests (what it still holds), not this wrapper's bookkeeping."""
+        return int(self.llm.llm_engine.get_num_unfinished_requests())
 
     @property
     def lockstep_ranks(self) -> int:
@@ -309,7 +320,9 @@ class VLLMEngine:
         """Drop every submitted, unfinished request (after an error), so the engine is empty again."""
         rids = [rid for rid, _ in getattr(self, "_stepping", {}).values()]
         if rids:
-            self.llm.llm_engine.abort_request(rids)
+            # LLM.enqueue returns vLLM's internal ids; looked up as external ids (the default) they match
+            # nothing and nothing is aborted (vllm/v1/engine/output_processor.py: abort_requests).
+            self.llm.llm_engine.abort_request(rids, internal=True)
         self._stepping = {}
 
     @staticmethod

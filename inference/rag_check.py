@@ -202,6 +202,11 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
         replies: list[str | None] = [o.text for o in engine.generate(asks, rag_sampling(cfg))]
     else:
         replies = judge.chat_many(asks, max_tokens=cfg.rag_max_tokens)
+    # Replies pair with candidates by position: a stale extra output (an engine holding earlier requests) or a
+    # missing one would give candidates other questions' verdicts.
+    if len(replies) != len(candidates):
+        raise RuntimeError(f"the {cfg.rag_verify} verifier returned {len(replies)} replies for {len(candidates)} "
+                           f"RAG candidates: replies cannot be paired with candidates")
 
     verdict: dict[int, bool | None] = {}
     ask = []

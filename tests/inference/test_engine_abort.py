@@ -1,0 +1,122 @@
+"""Issue 40, defect 3: abort_all must empty vLLM itself, a refused prefix-cache reset must raise, and the RAG check
+must refuse verifier replies that do not pair one to one with its candidates.
+
+abort_all used to pass LLM.enqueue's ids (vLLM's internal ids) to abort_request as external ids: vLLM found none and
+aborted none, the next generate() returned the leftovers as well, and the prefix-cache reset after a weight sync
+then failed silently (KV of the old weights reused)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from inference.engine_api import GenOutput, SamplingConfig
+from inference.game import GameConfig, rag_check
+from inference.judge import Judge
+from inference.trajectory import GameMeta, Trajectory
+
+LONG = SamplingConfig(temperature=0.0, max_tokens=256, min_tokens=256)   # min_tokens bans EOS: none ends early
+
+
+def _vllm_unfinished(engine) -> int:
+    """vLLM's own count, not the wrapper's."""
+    return engine.llm.llm_engine.get_num_unfinished_requests()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_abort_all_empties_vllm_and_the_prefix_cache_resets(vllm_engine):
+    tok = vllm_engine.tokenizer
+    prompts = [tok(f"Count to one hundred, number {i}:", add_special_tokens=False)["input_ids"] for i in range(4)]
+    for i, p in enumerate(prompts):
+        vllm_engine.submit(("k", i), p, LONG)
+    for _ in range(3):
+        assert vllm_engine.step() == []
+    assert _vllm_unfinished(vllm_engine) == 4 and vllm_engine.num_unfinished() == 4
+    with pytest.raises(RuntimeError, match="prefix cache"):   # real vLLM refuses while requests hold KV blocks
+        vllm_engine.reset_prefix_cache()
+
+    vllm_engine.abort_all()
+    assert _vllm_unfinished(vllm_engine) == 0, "abort_all left requests running inside vLLM"
+    assert vllm_engine.num_unfinished() == 0 and not vllm_engine.llm.llm_engine.has_unfinished_requests()
+    vllm_engine.reset_prefix_cache()            # raises if vLLM refused (blocks still held)
+    outs = vllm_engine.generate([prompts[0]], SamplingConfig(temperature=0.0, max_tokens=4))
+    assert len(outs) == 1, f"generate() of one prompt returned {len(outs)} outputs (aborted requests came back)"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_refused_prefix_cache_reset_raises(vllm_engine, monkeypatch):
+    monkeypatch.setattr(vllm_engine.llm, "reset_prefix_cache", lambda *a, **k: False)
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        vllm_engine.reset_prefix_cache()
+    with pytest.raises(RuntimeError, match="prefix cache"):
+        vllm_engine.update_weights([])          # a sync's reset goes through the same check
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_generate_refuses_to_hand_back_leftover_requests(vllm_engine):
+    tok = vllm_engine.tokenizer
+    p = tok("Name a river:", add_special_tokens=False)["input_ids"]
+    vllm_engine.submit("left", p, SamplingConfig(temperature=0.0, max_tokens=4))
+    with pytest.raises(RuntimeError, match="2 outputs for 1 prompts"):   # LLM.generate collected the leftover too
+        vllm_engine.generate([p], SamplingConfig(temperature=0.0, max_tokens=4))
+    vllm_engine.abort_all()                     # clears the wrapper's record of it; vLLM has finished it
+    assert vllm_engine.num_unfinished() == 0 and len(vllm_engine.generate([p], SamplingConfig(max_tokens=4))) == 1
+
+
+# ---- the RAG check pairs each reply with its candidate: counts must agree (no vLLM needed) -----------------------
+
+def _proposer(row: int) -> Trajectory:
+    docs = [[{"id": f"d{row}", "contents": f"Doc {row}\nParis lies on the Seine ({row})."}]]
+    return Trajectory("proposer", f"s0-p{row}", [1, 2], [0, 1], [0.0, -1.0], question="Which city lies on the Seine?",
+                      answer="Paris", stop_reason="question", num_searches=1, queries=["Seine city"], docs=docs,
+                      meta=GameMeta(search_turns=1, row=row))
+
+
+class WrongCountEngine:
+    """A policy verifier that returns `extra` more (or fewer) outputs than it was asked for."""
+
+    def __init__(self, tok, extra: int):
+        self.tokenizer, self.max_model_len, self.extra = tok, 4096, extra
+
+    def generate(self, prompts, sampling):
+        text = "<answer> Paris </answer>"
+        return [GenOutput([1], [-1.0], text, "stop", "</answer>") for _ in range(len(prompts) + self.extra)]
+
+
+class WrongCountJudge(Judge):
+    def __init__(self, extra: int):
+        super().__init__()
+        self.extra = extra
+
+    def chat_many(self, messages, max_tokens=64, temperature=0.0):
+        return ["<answer> Paris </answer>"] * (len(messages) + self.extra)
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_dir)
+
+
+@pytest.mark.parametrize("extra", [1, -1])
+def test_rag_check_policy_refuses_a_reply_count_that_differs(tok, extra):
+    props = [_proposer(0), _proposer(1), _proposer(2)]
+    cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
+    with pytest.raises(RuntimeError, match="replies for 2 RAG candidates"):
+        rag_check([0, 2], props, WrongCountEngine(tok, extra), Judge(), cfg, random.Random(0), max_info_tokens=64)
+    # the right count still passes
+    assert rag_check([0, 2], props, WrongCountEngine(tok, 0), Judge(), cfg, random.Random(0),
+                     max_info_tokens=64) == {0: True, 2: True}
+
+
+@pytest.mark.parametrize("extra", [1, -1])
+def test_rag_check_judge_refuses_a_reply_count_that_differs(extra):
+    props = [_proposer(0), _proposer(1), _proposer(2)]
+    cfg = GameConfig(rag_verify="judge", rag_distractors=1, rag_max_tokens=16)
+    with pytest.raises(RuntimeError, match="replies for 2 RAG candidates"):
+        rag_check([0, 2], props, None, WrongCountJudge(extra), cfg, random.Random(0))
