@@ -425,6 +425,9 @@ def play_staged(engine: Any, rows: Sequence[ProposerRow], prop_search: Any, solv
                 cfg: GameConfig, prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
                 rng_for: Callable[[int], random.Random], qa_questions: Sequence[dict]) -> Played:
     """The round in stages (the turn schedule): propose all, check all, solve all; play_round grades them all."""
+    if int(getattr(engine, "lockstep_ranks", 1)) > 1:  # validate_args refuses the flags that lead here
+        raise RuntimeError("a staged round (the turn schedule, or simulated search on the policy's engine) calls the "
+                           "search and the judge on every rank of a tensor-parallel group; it would split the group")
     props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
     # the policy verifier reads the documents as the solver's rollouts are cut
     reasons, verdict = validate(props, engine, judge, cfg, rng_for, sol_rcfg.max_info_tokens) if props else ([], {})

@@ -40,6 +40,7 @@ import logging
 import math
 import random
 import re
+import threading
 from typing import Any, Sequence
 
 from inference.engine_api import SamplingConfig, TokenGenerator
@@ -178,8 +179,9 @@ class SimulatedSearch:
 
     # The rollout loop passes per-query contexts (question, answer) to backends that want them.
     wants_context = True
-    # Its RNG draws depend on the order of the calls, and with engine= it may generate with the policy's
-    # own engine: the rollout must not call it from threads beside the engine (turn schedule instead).
+    # With engine= it may generate with the policy's own engine, which the rollout loop steps: it must not be called
+    # from threads beside the engine (turn schedule instead). With url= it may (set per instance in __init__): its
+    # draws are keyed by what is asked, not by the order of the calls, and a lock serialises its client and counts.
     concurrent_safe = False
 
     def __init__(
@@ -247,7 +249,9 @@ class SimulatedSearch:
         self.doc_words, self.max_tokens, self.temperature = doc_words, max_tokens, temperature
         self.template = template
         self.step = 0
-        self._rng = random.Random(seed)
+        self.seed = int(seed)
+        self.concurrent_safe = url is not None
+        self._lock = threading.Lock()
         # Cumulative counters; callers log per-step deltas (search/sim_noisy_frac = noisy / docs).
         # calls: documents requested; failures: requests that gave no document, of which unparsed: a reply
         # came back but held no text (the rest: server down, timeout, refused); empty: queries left with none.
@@ -267,15 +271,14 @@ class SimulatedSearch:
         return noise_probability(self.step, self.total_steps, self.noise_start, self.noise_end, self.curriculum_base)
 
     def state_dict(self) -> dict:
-        """JSON-serialisable: the step, the RNG state and the counters, so a resumed run draws the same noise."""
-        version, internal, gauss = self._rng.getstate()
-        return {"step": self.step, "rng": [version, list(internal), gauss], "stats": dict(self.stats)}
+        """JSON-serialisable: the step, the seed and the counters, so a resumed run draws the same noise."""
+        return {"step": self.step, "seed": self.seed, "stats": dict(self.stats)}
 
     def load_state_dict(self, state: dict) -> None:
+        # A checkpoint from before the keyed draws holds "rng" instead of "seed": its seed is this run's.
         try:
-            version, internal, gauss = state["rng"]
-            self._rng.setstate((version, tuple(internal), gauss))
             self.step = int(state["step"])
+            self.seed = int(state["seed"] if "seed" in state or "rng" not in state else self.seed)
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"not a SimulatedSearch state dict ({type(e).__name__}: {e}); "
                              "pass what state_dict() returned") from e
@@ -287,13 +290,16 @@ class SimulatedSearch:
 
         Raises SimulatorUnavailable (after counting) when not one request got a reply.
         """
-        queries = list(queries)
+        with self._lock:
+            return self._search(list(queries), topk, contexts)
+
+    def _search(self, queries: list[str], topk: int, contexts: Sequence[dict | None] | None) -> list[list[dict]]:
         if topk < 1:
             raise ValueError(f"topk must be >= 1, got {topk}")
         if contexts is not None and len(contexts) != len(queries):
             raise ValueError(f"got {len(contexts)} contexts for {len(queries)} queries; pass one per query (or None)")
-        jobs = self.plan(queries, topk)
         contexts = list(contexts) if contexts is not None else [None] * len(queries)
+        jobs = self.plan(queries, topk, contexts)
         if not self.show_answer:
             contexts = [dict(c, answer=None) if c else c for c in contexts]
         msgs = [build_messages(str(queries[qi]), noisy, contexts[qi], rank + 1, topk, self.doc_words)
@@ -331,24 +337,27 @@ class SimulatedSearch:
             log.warning("simulated search: %d/%d document requests failed", n_failed, len(jobs))
         return out
 
-    def plan(self, queries: Sequence[str], topk: int) -> list[tuple[int, int, bool, int]]:
+    def plan(self, queries: Sequence[str], topk: int,
+             contexts: Sequence[dict | None] | None = None) -> list[tuple[int, int, bool, int]]:
         """The documents one search call asks for: (query index, rank, noisy, sampling seed) each.
 
-        Each document is noisy with probability noise_p, independently; this consumes the RNG
-        exactly as `search` does (search calls it), so the draws can be checked at scale without an LLM.
+        Each document is noisy with probability noise_p. Its draws are keyed by (seed, step, query, the question
+        it serves, rank), not by the order of the calls: threads may call in any order and a round stays a
+        function of its seed. search() draws with this, so the draws can be checked at scale without an LLM.
         """
         p = self.noise_p
         jobs = []
         for qi, q in enumerate(queries):
             if not str(q or "").strip():
                 continue  # an empty query asks for nothing; it comes back empty and counted
+            ctx = (contexts[qi] if contexts is not None else None) or {}
             for rank in range(topk):
-                jobs.append((qi, rank, self._rng.random() < p, self._rng.getrandbits(31)))
+                r = random.Random(f"sim/{self.seed}/{self.step}/{q}/{ctx.get('question')}/{rank}")
+                jobs.append((qi, rank, r.random() < p, r.getrandbits(31)))
         return jobs
 
     # The rollout finds the flag on a bound `backend.search` too (method attributes fall through to the function).
     search.wants_context = True  # type: ignore[attr-defined]
-    search.concurrent_safe = False  # type: ignore[attr-defined]
 
     def _generate(self, messages: list[list[dict]], seeds: list[int]) -> tuple[list[str | None], Exception | None]:
         """One reply per chat (None where it failed), and the exception that failed them all, if one did."""

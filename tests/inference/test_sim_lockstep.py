@@ -1,0 +1,93 @@
+"""Simulated search (ZeroSearch) at TP > 1 (issue 40, 1): served through --sim_url it runs in the pipelined round,
+where a tensor-parallel group's first rank alone asks the simulator and shares its documents, so both ranks feed
+their engines the same prompts. Before, simulated search forced the staged round, in which every rank asked the
+simulator itself; an unseeded simulator (temperature 0.8) wrote each rank other documents and split the group."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from inference.game import pipelined
+from inference.rollout import RolloutConfig
+from inference.simulated_search import SimulatedSearch
+from tests.inference.test_pipeline import ScriptedPolicy, _same_round, tokenizer  # noqa: F401 - the fixture
+from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
+from training.search import TimedSearch
+
+pytestmark = pytest.mark.timeout(300)
+
+
+class Unseeded(BaseHTTPRequestHandler):
+    """An OpenAI-compatible simulator that samples as a real one at temperature 0.8 does without a seed: every
+    document differs, whoever asks. It stands in for the simulator LLM, whose text this test does not read."""
+    rng = random.Random()
+    asked = 0
+
+    def _send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):  # noqa: N802
+        self._send({"data": [{"id": "sim"}]})
+
+    def do_POST(self):  # noqa: N802
+        self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).asked += 1
+        text = f"Title: Page {self.rng.randrange(10**6)}\nA passage about Lincoln, number {self.rng.randrange(10**6)}."
+        self._send({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]})
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def sim_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Unseeded)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Unseeded.asked = 0
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_served_simulator_plays_the_pipelined_round_and_an_in_process_one_does_not(sim_url, tokenizer):  # noqa: F811
+    served = TimedSearch(SimulatedSearch(url=sim_url, model="sim"))
+    rcfg = RolloutConfig()
+    assert pipelined(rcfg, rcfg, served.search, served.search)
+    in_process = TimedSearch(SimulatedSearch(engine=ScriptedPolicy(tokenizer), template="qwen"))
+    assert not pipelined(rcfg, rcfg, in_process.search, in_process.search)
+
+
+def test_simulated_search_keeps_two_lockstep_ranks_identical(sim_url, tokenizer):  # noqa: F811
+    from tests.inference.test_pipeline import _play_with, CountingJudge
+
+    group = ThreadGroup()
+    ranks = [GroupRank(ScriptedPolicy(tokenizer), group, r) for r in (0, 1)]
+    sims = [TimedSearch(SimulatedSearch(url=sim_url, model="sim", seed=r, timeout_s=10)) for r in (0, 1)]
+    out, errors = [None, None], [None, None]
+
+    def go(r):
+        try:
+            out[r] = _play_with(ranks[r], sims[r].search, CountingJudge())
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors[r] = e
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert errors == [None, None] and out[0] is not None and out[1] is not None, errors
+    assert sims[0].calls > 0 and sims[1].calls == 0, "the second rank asked the simulator itself"
+    assert ranks[0].calls == ranks[1].calls
+    _same_round(out[0], out[1], pipelined=(1.0, 1.0))
+    docs = [d["contents"] for t in out[1].trajectories for call in (t.docs or []) for d in call]
+    assert docs and all(d.startswith("Page ") for d in docs)   # the simulator's documents, shared
