@@ -166,16 +166,16 @@ def critic_values(engine, trajs, micro_token_budget: int, batch=None) -> list[to
 
 
 def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budget: int, value_clip: float,
-                  seed: int = 0, batch=None) -> tuple[dict[str, float], int]:
+                  seed: int = 0, batch=None) -> tuple[dict[str, float], int, int]:
     """The critic's optimizer steps of one SSP step: --ppo_epochs x --ppo_mini_batches, the same split
     of the trajectories as the actor's (training.update.split_mini_batches, same seed). Returns (this
     rank's metrics: critic/value_loss summed over micro-batches and averaged over optimizer steps, the
-    rest token-weighted means; optimizer steps). Collective.
+    rest token-weighted means; optimizer steps taken; steps skipped as non-finite on some rank). Collective.
     batch: the training.step_batch.StepBatch of `trajs` the values were computed on (reused with one
     mini-batch, whose split is all of them in every epoch), or None to pack here."""
     from training.loss import count_normaliser
     from training.micro_batches import accumulate
-    from training.update import split_mini_batches
+    from training.update import optimizer_step, split_mini_batches
 
     if batch is None:
         batch = StepBatch(trajs, micro_token_budget)
@@ -183,7 +183,7 @@ def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budge
         raise ValueError(f"the critic's batch holds {len(batch)} trajectories, its update got {len(trajs)}")
     columns = {VALUES: old_values, RETURNS: returns}
     engine.train()
-    per_step, n_steps = [], 0
+    per_step, n_steps, n_skipped = [], 0, 0
     for epoch in range(algo.ppo_epochs):
         for mini in split_mini_batches(trajs, algo.ppo_mini_batches, seed + epoch):
             view = batch if algo.ppo_mini_batches == 1 else batch.view(mini)   # the config decides, on every rank
@@ -200,9 +200,9 @@ def critic_update(engine, trajs, old_values, returns, algo, *, micro_token_budge
                                   clip=value_clip, agg=algo.loss_agg, cu_seqlens=mb.cu_seqlens)
 
             per_step.append(accumulate(engine, mbs, loss_fn, forward=engine_values))
-            engine.step()
-            n_steps += 1
-    return _reduce(per_step), n_steps
+            stepped = optimizer_step(engine, "critic")
+            n_steps, n_skipped = n_steps + stepped, n_skipped + (not stepped)
+    return _reduce(per_step), n_steps, n_skipped
 
 
 def _reduce(per_step: list[list[dict]]) -> dict[str, float]:
@@ -213,7 +213,8 @@ def _reduce(per_step: list[list[dict]]) -> dict[str, float]:
     ms = [m for s in per_step for m in s]
     n = sum(float(m["critic/num_tokens"]) for m in ms)
     for k in ("critic/vf_clipfrac", "critic/values_mean"):
-        out[k] = sum(float(m[k]) * float(m["critic/num_tokens"]) for m in ms) / n if n else math.nan
+        if n:  # none without tokens (not NaN): the mean over ranks then reads the ranks that had some
+            out[k] = sum(float(m[k]) * float(m["critic/num_tokens"]) for m in ms) / n
     return out
 
 
@@ -257,11 +258,11 @@ def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce, ba
     ev = explained_variance([values[i] for i in idx], [returns[i] for i in idx], masks)
     lr = set_critic_lr(engine, cfg, step)
     o = cfg.optimisation
-    m, n_steps = critic_update(engine, sub, [values[i] for i in idx], [returns[i] for i in idx], cfg.algorithm,
-                               micro_token_budget=o.micro_token_budget, value_clip=cfg.critic.value_clip,
-                               seed=o.seed * 7 + step,
-                               batch=None if batch is None else critic_batch(batch, trajs, cfg.algorithm))
-    m.update({"critic/lr": lr, "critic/optimizer_steps": float(n_steps)})
+    m, n_steps, n_skipped = critic_update(
+        engine, sub, [values[i] for i in idx], [returns[i] for i in idx], cfg.algorithm,
+        micro_token_budget=o.micro_token_budget, value_clip=cfg.critic.value_clip, seed=o.seed * 7 + step,
+        batch=None if batch is None else critic_batch(batch, trajs, cfg.algorithm))
+    m.update({"critic/lr": lr, "critic/optimizer_steps": float(n_steps), "critic/skipped_steps": float(n_skipped)})
     gn = engine.get_global_grad_norm() if n_steps else None
     if gn is not None:
         m["critic/grad_norm"] = float(gn)

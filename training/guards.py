@@ -9,6 +9,7 @@ all-reduced), so every rank raises at the same step and none hangs in a collecti
     failures.update(n_excluded_groups, n_groups)     # raises RuntimeError past the threshold
     if nonfinite.update(not math.isfinite(loss)):    # True: skip this update; raises after N in a row
         ...
+    nonfinite.update_skipped(step_metrics)           # the same, from the actor's and critic's skipped steps
 
 Both are pure Python, and their state_dict() holds plain types for the checkpoint.
 """
@@ -118,6 +119,12 @@ class NonFiniteGuard:
                 "taken before the first non-finite step."
             )
         return True
+
+    def update_skipped(self, metrics: dict) -> bool:
+        """update() from a step's metrics: non-finite when the actor's or the critic's update skipped an
+        optimizer step (`<role>/skipped_steps`, training.update.optimizer_step); a role that did not train is absent."""
+        keys = [k for k in ("actor/skipped_steps", "critic/skipped_steps") if metrics.get(k, 0.0) > 0]
+        return self.update(bool(keys), what=f"loss inputs, log-probs or gradient norm ({', '.join(keys)})")
 
     def state_dict(self) -> dict:
         return {"max_in_a_row": self.max_in_a_row, "in_a_row": self.in_a_row, "total": self.total}

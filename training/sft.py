@@ -43,6 +43,7 @@ from inference.rollout import RolloutConfig, info_block_tokens  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
 from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, build_parser,  # noqa: E402
                              groups_from_namespace)
+from training.guards import NonFiniteGuard  # noqa: E402
 from training.input_checks import model_path_errors, report_to_errors  # noqa: E402
 from training.lr_schedule import set_lr  # noqa: E402
 from training.run_state import find_resume  # noqa: E402
@@ -188,6 +189,7 @@ class SFTTrainer:
         self.log = RunLogger(self.out, tensorboard=cfg.logging.tensorboard, report_to=cfg.logging.report_to,
                              config={**cfg.to_dict(), "sft": dict(sft.__dict__)}, job_type="sft")
         self.step = 0
+        self.nonfinite = NonFiniteGuard(cfg.optimisation.max_nonfinite_steps)
         self._resume()
 
     def _resume(self) -> None:
@@ -209,6 +211,7 @@ class SFTTrainer:
 
     def train_step(self, step: int) -> dict:
         from training.micro_batches import accumulate, pack_equal
+        from training.update import optimizer_step
 
         D = self.D
         t0 = time.perf_counter()
@@ -223,11 +226,11 @@ class SFTTrainer:
             return loss, {"loss": loss.detach()}
 
         metrics = accumulate(self.actor, mbs, loss_fn)
-        self.actor.step()
+        stepped = optimizer_step(self.actor, "actor")
         gn = self.actor.get_global_grad_norm()
         total = sum(float(m["loss"]) for m in metrics)
         return {"sft/loss": D.all_reduce_sum([total])[0], "sft/tokens": n_tok,
-                "actor/grad_norm": float(gn) if gn is not None else 0.0,
+                "actor/skipped_steps": float(not stepped), "actor/grad_norm": float(gn) if gn is not None else 0.0,
                 "actor/lr": float(self.actor.get_lr()[0]), "timing_s/step": time.perf_counter() - t0}
 
     def save(self) -> None:
@@ -247,6 +250,7 @@ class SFTTrainer:
             self.step += 1
             m["sft/epoch"] = self.step / self.steps_per_epoch
             self.log.scalars(self.step, m)
+            self.nonfinite.update_skipped(m)   # the same on every rank; raises after --max_nonfinite_steps in a row
             bar.update(1)
             bar.set_postfix_str(fmt_metrics(m, ["sft/loss", "actor/grad_norm", "timing_s/step"]))
             every = self.sft.save_every

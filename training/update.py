@@ -2,7 +2,7 @@
 
     for epoch, mini-batch (and role, in sequential mode):
         accumulate(engine, micro-batches, policy_loss)     # training/micro_batches.py: forward + backward
-        engine.step()                                      # or skipped on every rank alike (skip_together)
+        optimizer_step(engine, "actor")                    # or skipped on every rank alike
 
 The forward-and-backward rules it relies on (DeepSpeed's forward prologue, the data-parallel scale) live in
 training/micro_batches.py; both are checked against plain torch on the whole batch (tests/training/test_update.py).
@@ -99,18 +99,8 @@ def ppo_update(engine, trajs, adv, old, ref, algo, *, temperature: float, micro_
                                         head_extra=extra)
                 steps.append((epoch, mb_metrics))
                 n_steps += 1
-                if skip_together(engine, mb_metrics):
-                    n_skipped += 1
-                    continue
-                engine.step()
-                # ZeRO-3 itself skips a step whose global (all-reduced) gradient norm is not finite
-                # (stage3.step: is_invalid_grad_norm), on every rank alike; count it, and say so
-                gn = float(engine.get_global_grad_norm() or 0.0)
-                if not math.isfinite(gn):
-                    n_skipped += 1
-                    print0(f"update: NON-FINITE gradient norm ({gn}) from finite losses; DeepSpeed skipped this "
-                           "optimizer step on every rank (actor/skipped_steps; --max_nonfinite_steps stops the run "
-                           "after that many in a row)")
+                bad = any(float(m.get("actor/nonfinite", 0.0)) for m in mb_metrics)
+                n_skipped += not optimizer_step(engine, "actor", bad)
     out = reduce_step_metrics(steps)
     if distill is not None:
         out.update(distill.metrics())   # collective: every rank runs it
@@ -148,21 +138,29 @@ def reduce_step_metrics(steps: list[tuple[int, list[dict]]]) -> dict[str, float]
     return out
 
 
-def skip_together(engine, mb_metrics: list[dict]) -> bool:
-    """True (on every rank) when any rank met a non-finite input or log-prob in this optimizer step.
+def optimizer_step(engine, role: str, bad: bool = False) -> bool:
+    """engine.step() after `accumulate`, unless the step is non-finite on some rank: then every rank skips it
+    alike and returns False (`{role}/skipped_steps`). The one step rule of the actor, the critic and SFT. Collective.
 
-    Such a micro-batch contributed a zero loss (policy_loss on_nonfinite="skip"), so stepping would
-    apply the other micro-batches and ranks alone; raising on one rank would hang the others at
-    their next collective. So the flag is all-reduced and every rank drops the accumulated gradient:
-    zero_grad() resets ZeRO-3's micro_step_id, and the next accumulation's first backward then
-    overwrites the stale partitions instead of adding to them (tests/training/test_update.py)."""
-    local = max((float(m.get("actor/nonfinite", 0.0)) for m in mb_metrics), default=0.0)
-    if not D.all_reduce_max(local):
-        return False
-    engine.optimizer.zero_grad()
-    print0("update: NON-FINITE loss inputs or log-probs on some rank; every rank skipped this optimizer "
-             "step (actor/skipped_steps; --max_nonfinite_steps stops the run after that many in a row)")
-    return True
+    bad: this rank met a non-finite loss input or log-prob (policy_loss on_nonfinite="skip" zeroed that
+    micro-batch's loss, so stepping would apply the other micro-batches and ranks alone).
+    DeepSpeed's ZeRO and bf16 optimizers skip a step of non-finite global gradient norm themselves (norm inf,
+    on every rank); a bare torch optimizer (ZeRO-0, fp32) would apply it, so its gradients are checked here.
+    zero_grad() also resets ZeRO-3's micro_step_id: the next accumulation overwrites the stale partitions."""
+    if engine.optimizer is getattr(engine, "basic_optimizer", None):
+        bad = bad or not all(bool(p.grad.isfinite().all()) for p in engine.module.parameters() if p.grad is not None)
+    why = "loss inputs, log-probs or gradients"
+    if D.all_reduce_max(float(bad)):
+        engine.optimizer.zero_grad()
+    else:
+        engine.step()
+        gn = float(engine.get_global_grad_norm() or 0.0)
+        if math.isfinite(gn):
+            return True
+        why = f"gradient norm ({gn}) from finite losses"    # DeepSpeed skipped it
+    print0(f"update: NON-FINITE {why} on some rank; every rank skipped this {role} optimizer step "
+           f"({role}/skipped_steps; --max_nonfinite_steps stops the run after that many in a row)")
+    return False
 
 
 def _local_trainable(engine) -> list[torch.Tensor]:

@@ -2,10 +2,10 @@
 against plain torch on the whole batch (an independent reference, not another run of our code).
 
     torchrun --nproc_per_node {1,2} tests/training/critic_worker.py MODEL_DIR OUT.json
-        [--phases=sgd[,bypass][,control]]
+        [--phases=sgd[,nan][,bypass][,control]]
 
 OUT.json holds one sub-dict per phase run, in this order ({"sgd": {...}, "bypass": {...}, ...}).
-test_critic_update.py launches twice: 1 rank with --phases=sgd,control, 2 ranks with --phases=sgd,bypass.
+test_critic_update.py launches twice: 1 rank with --phases=sgd,control, 2 ranks with --phases=sgd,nan,bypass.
 
 sgd (the default): the solver uses gae, the proposer reinforce++ (per-role estimators mix). The
   trainer's path (training.critic.step_values -> training.advantages.role_advantages -> ppo_update for
@@ -17,6 +17,9 @@ bypass: a negative control, after sgd: the sgd phase again on freshly built engi
   initialises the critic's score head), with the critic's forward through engine.module (skipping
   DeepSpeedEngine.forward): the gradient of all but the last micro-batch is lost, which the check must see.
   The patch stays installed, so nothing that uses the critic's forward runs after it.
+nan: at --zero_stage 3, 2 and 0 (AdamW, the run's optimizer), one critic step whose value target is NaN on the
+  last rank only, then a clean step: every rank must skip the first (weights unchanged and finite, counted as
+  critic/skipped_steps, not critic/optimizer_steps) and take the second.
 control: a positive control on one rank. Two fixed prompts, each with a constant reward (1.0
   and -0.5): under AdamW the critic's values converge to each prompt's reward and the explained
   variance rises.
@@ -195,6 +198,46 @@ def sgd_phase(cfg, model_dir, rank, world, bypass) -> dict:
     return res
 
 
+def nan_phase(cfg, rank, world) -> dict:
+    import copy
+
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from training.advantages import role_advantages
+    from training.critic import step_values, train_step_critic
+    from training.engine_builder import build_critic
+
+    res: dict = {}
+    for stage in (3, 2, 0):
+        c = copy.deepcopy(cfg)
+        c.deepspeed.zero_stage = stage
+        gc.collect()
+        assert not is_deepspeed_zero3_enabled(), "the last stage's HfDeepSpeedConfig outlived its critic"
+        critic, keep = build_critic(c)
+        trajs = make_trajs(1000)
+        mine = trajs[rank::world]
+        algo = c.algorithm
+        values = step_values(critic, mine, algo, c.optimisation.micro_token_budget)
+        _, returns, _ = role_advantages(mine, algo, c.critic, values=values,
+                                        all_reduce=lambda x: D.all_reduce_tensor(x, "sum"))
+        bad = [None if r is None else r.clone() for r in returns]
+        if rank == world - 1:   # one sampled token's target, on one rank
+            j = next(i for i, r in enumerate(bad) if r is not None)
+            bad[j][mine[j].loss_mask.index(1)] = float("nan")
+        out = {}
+        for name, rets in (("nan", bad), ("after", returns)):
+            w0 = gathered(critic)
+            m = train_step_critic(critic, c, 0, mine, values, rets, lambda m: m)
+            w1 = gathered(critic)
+            out[name] = {"finite": all(bool(torch.isfinite(w).all()) for w in w1.values()),
+                         "moved": max(float((w1[k] - w0[k]).abs().max()) for k in w0),
+                         "optimizer_steps": m["critic/optimizer_steps"],
+                         "skipped_steps": m.get("critic/skipped_steps")}
+        res[f"stage{stage}"] = D.all_gather_object(out)     # per rank
+        del critic, keep
+    return res
+
+
 def control_phase(cfg, steps: int = 40) -> dict:
     from training.critic import critic_update, critic_values, explained_variance
     from training.engine_builder import build_critic
@@ -224,7 +267,7 @@ def control_phase(cfg, steps: int = 40) -> dict:
     return {"ev": evs, "gap": gaps}
 
 
-PHASES = ("sgd", "bypass", "control")
+PHASES = ("sgd", "nan", "bypass", "control")
 
 
 def main() -> None:
@@ -250,6 +293,8 @@ def main() -> None:
         torch.random.set_rng_state(rng)     # so bypass builds the very critic that sgd built
         if phase == "sgd":
             res["sgd"] = sgd_phase(cfg, model_dir, rank, world, "")
+        elif phase == "nan":
+            res["nan"] = nan_phase(cfg, rank, world)
         elif phase == "bypass":
             res["bypass"] = sgd_phase(cfg, model_dir, rank, world, "critic_forward")
         else:

@@ -1,8 +1,8 @@
 """The critic under ZeRO-3 over gloo, against plain torch on the whole batch, and a positive control: a
 constant reward per prompt is learned. tests/training/critic_worker.py runs under torchrun twice, shared by
 the tests of this module (torchrun_worker_once): 1 rank runs the sgd phase then the positive control, 2
-ranks the sgd phase then the negative control (the sgd phase again, the critic's forward bypassing the
-engine)."""
+ranks the sgd phase, a NaN value target on one rank at ZeRO 3, 2 and 0, then the negative control (the sgd
+phase again, the critic's forward bypassing the engine)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import math
 import pytest
 
 # one launch per world size: the phases it runs, in order (critic_worker.py's docstring)
-LAUNCH = {1: ("--phases=sgd,control",), 2: ("--phases=sgd,bypass",)}
+LAUNCH = {1: ("--phases=sgd,control",), 2: ("--phases=sgd,nan,bypass",)}
 
 
 @pytest.fixture
@@ -31,6 +31,18 @@ def test_one_ppo_step_moves_actor_and_critic_by_minus_lr_times_the_whole_batch_g
     # Δw is a difference of fp32 weights much larger than it (test_update.py measured 1.8e-5 for the actor)
     assert res["actor_rel_err"] < 1e-4, res
     assert res["critic_rel_err"] < 1e-4, res
+
+
+@pytest.mark.parametrize("stage", [3, 2, 0])
+def test_a_nan_gradient_on_one_rank_skips_the_critic_step_on_every_rank_and_counts_it(launch, stage):
+    """At ZeRO-0 a bare AdamW would take the NaN step (DeepSpeed checks nothing there); at 2 and 3 DeepSpeed
+    skips it but critic/optimizer_steps counted it. The next, clean step trains: nothing stale was left."""
+    per_rank = launch(2)["nan"][f"stage{stage}"]
+    assert len(per_rank) == 2, per_rank
+    for r in per_rank:
+        assert r["nan"] == {"finite": True, "moved": 0.0, "optimizer_steps": 0.0, "skipped_steps": 1.0}, per_rank
+        assert r["after"]["finite"] and r["after"]["moved"] > 1e-6, per_rank
+        assert r["after"]["optimizer_steps"] == 1.0 and r["after"]["skipped_steps"] == 0.0, per_rank
 
 
 def test_the_check_catches_a_critic_forward_that_bypasses_the_engine(launch):

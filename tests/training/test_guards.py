@@ -123,3 +123,16 @@ def test_nonfinite_guard_one_means_no_skipping_and_state_round_trips():
         NonFiniteGuard(max_in_a_row=0)
     with pytest.raises(ValueError, match="not a NonFiniteGuard state"):
         h.load_state_dict({})
+
+
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_nonfinite_guard_reads_the_critics_skipped_steps_as_the_actors(role):
+    """A step's metrics (reduced over ranks): a skipped optimizer step of either role counts, also when the
+    other role's key is missing (--critic_warmup: the critic alone trains)."""
+    g = NonFiniteGuard(max_in_a_row=2)
+    assert g.update_skipped({"actor/skipped_steps": 0.0, "critic/skipped_steps": 0.0}) is False
+    assert g.update_skipped({}) is False
+    assert g.update_skipped({f"{role}/skipped_steps": 1.0}) is True and g.in_a_row == 1
+    with pytest.raises(RuntimeError) as err:
+        g.update_skipped({f"{role}/skipped_steps": 2.0, "actor/grad_norm": 1.0})
+    assert "2 steps in a row" in str(err.value) and f"{role}/skipped_steps" in str(err.value), err.value
