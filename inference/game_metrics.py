@@ -46,7 +46,7 @@ COUNT_KEYS = frozenset({
     "game/pool_admitted", "game/pool_cleared",
     "game/rag_checked", "game/rag_unavailable", "game/valid_questions", "game/valid_doc1_title",
     "game/valid_answer_in_text", "game/valid_probed", "game/valid_one_search", "game/no_question",
-    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/rounds",
+    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1",
     "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
 COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
 summed(*COUNT_KEYS, prefixes=COUNT_PREFIXES)  # the step metrics sum the counts over ranks (utils/metrics.py)

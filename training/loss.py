@@ -248,7 +248,7 @@ def reduce_metrics(per_micro_batch: list[dict[str, torch.Tensor]]) -> dict[str, 
     """Combine the metrics of several micro-batches on one rank.
 
     *_loss and num_tokens/nonfinite are summed/maxed, *_max / *_min take the max / min
-    over micro-batches that had tokens, other keys are token-weighted means.
+    over micro-batches that had tokens, other keys are token-weighted means; a key with no tokens is left out.
     """
     out: dict[str, float] = {}
     keys = sorted({k for d in per_micro_batch for k in d})
@@ -262,10 +262,14 @@ def reduce_metrics(per_micro_batch: list[dict[str, torch.Tensor]]) -> dict[str, 
             out[k] = max(v for v, _ in vals)
         elif k.endswith("_max"):
             live = [v for v, w in vals if w > 0]
-            out[k] = max(live) if live else float("nan")
+            if live:
+                out[k] = max(live)
         elif k.endswith("_min"):
             live = [v for v, w in vals if w > 0]
-            out[k] = min(live) if live else float("nan")
-        else:
-            out[k] = sum(v * w for v, w in vals) / total if total > 0 else float("nan")
+            if live:
+                out[k] = min(live)
+        elif total > 0:
+            out[k] = sum(v * w for v, w in vals) / total
+    # Without tokens a mean has nothing to average: the key is left out (not NaN), so the mean over ranks
+    # (utils/metrics.reduce_over_ranks) reads only the ranks that had tokens: the uneven refill's case.
     return out

@@ -94,14 +94,15 @@ def merge_stats(stats: Sequence[dict], n_solver: Sequence[int]) -> dict:
     return out
 
 
-def merge_rounds(rounds: Sequence[GameResult], main: bool = True) -> GameResult:
+def merge_rounds(rounds: Sequence[GameResult]) -> GameResult:
     """The step's game from its rounds: every round's proposer trajectories, then every round's solver
-    trajectories (GameResult's order), and merge_stats's stats, plus game/rounds: the rounds played, counted
-    on the main rank only, since a count is summed over ranks and every rank played the same rounds."""
+    trajectories (GameResult's order), and merge_stats's stats, plus game/rounds: the rounds played. Every rank
+    plays the same number (decided together), so it is a mean over ranks, not a count: counted on one rank and
+    summed, it read half the rounds at --vllm_tp 2, where summed counts are divided by the group's copies."""
     trajs = [t for role in ("proposer", "solver") for g in rounds for t in g.trajectories if t.role == role]
     stats = merge_stats([g.stats for g in rounds],
                         [sum(t.role == "solver" for t in g.trajectories) for g in rounds])
-    stats["game/rounds"] = float(len(rounds)) if main else 0.0
+    stats["game/rounds"] = float(len(rounds))
     return GameResult(trajs, stats)
 
 

@@ -211,7 +211,7 @@ class SSPTrainer:
                               pool=self.pool, step=self.step, qa_questions=qa, round_idx=k)
         rounds = play_rounds(one, n, self.cfg.algorithm.max_rounds,  # a TP group's ranks play the same games: once
                              lambda x: D.all_reduce_sum([x])[0] / self.cfg.rollout.vllm_tp)
-        game = merge_rounds(rounds, main=D.is_main()) if n else rounds[0]
+        game = merge_rounds(rounds) if n else rounds[0]
         if self.cfg.selfplay.search_turns_mix and turns:  # the same on every rank: a mean over ranks keeps it
             game.stats["proposer/search_turns_mean"] = float(np.mean(turns))
         return game
@@ -301,7 +301,7 @@ class SSPTrainer:
         upd["actor/rollout_lp_gap"] = gap
         # a step with a skipped optimizer step counts as non-finite; N in a row stop the run (all ranks:
         # the count is the same everywhere)
-        self.nonfinite.update(upd.get("actor/skipped_steps", 0.0) > 0, what="loss inputs, log-probs or gradient norm")
+        self.nonfinite.update_skipped(upd)
         _fault_point("after_update", self.step)
         return upd, distill
 

@@ -116,7 +116,7 @@ def test_the_trainer_refills_on_the_next_rows_and_the_cursors_move_alike(monkeyp
     # round k samples with its own seeds; round 0's are the step's as before
     assert [s["seed"] for s in seen[0]] == [1000, 1000 + ROUND_SEED_STRIDE]
     g0, g1 = games
-    assert (g0.stats["game/rounds"], g1.stats["game/rounds"]) == (2.0, 0.0)       # a count: summed over ranks, 2
+    assert (g0.stats["game/rounds"], g1.stats["game/rounds"]) == (2.0, 2.0)       # the same on every rank: a mean
     assert (g0.stats["game/informative_groups"], g1.stats["game/informative_groups"]) == (2.0, 1.0)
     assert [t.group_id for t in g0.trajectories] == ["s5r0-q0", "s5r1-q0"]
     assert g0.stats["solver/acc"] == 0.5 and g0.stats["game/pool_size"] == 11.0 and g0.stats["judge/calls"] == 4.0

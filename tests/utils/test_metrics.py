@@ -89,3 +89,42 @@ def test_a_tp_group_counts_its_games_once_and_keeps_the_loss_shares(two_ranks, m
     assert two_ranks.run(lambda r: M.reduce_over_ranks(dict(copy)))[0]["game/proposer_trajs"] == 8.0
     with pytest.raises(ValueError):
         M.set_replicas(0)
+
+
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_the_rounds_played_read_the_same_at_any_tp(two_ranks, monkeypatch, replicas):
+    """Issue 40 (6): both ranks played 2 rounds. At --vllm_tp 2 (replicas 2) game/rounds read 1: it was counted on
+    rank 0 alone, summed, then divided by the group's copies."""
+    import inference.game  # noqa: F401 - declares the game's counts
+    from inference.game import GameResult
+    from training.rounds import merge_rounds
+
+    monkeypatch.setattr(M, "_replicas", replicas)
+    games = [merge_rounds([GameResult([], {"game/proposer_trajs": 2.0})] * 2) for _ in range(2)]
+    got = two_ranks.run(lambda r: M.reduce_over_ranks(games[r].stats))
+    assert got[0]["game/rounds"] == 2.0
+    assert got[0]["game/proposer_trajs"] == 8.0 / replicas   # a count: 2 rounds x 2 on each rank, copies once
+
+
+def test_a_rank_without_loss_tokens_leaves_no_nan(two_ranks):
+    """Issue 40 (6): a rank whose refill left it no loss tokens made every token-weighted actor and critic mean NaN,
+    and the mean over ranks with it."""
+    import torch
+
+    from training.critic import _reduce
+    from training.loss import reduce_metrics
+
+    def actor(n, frac):
+        return {"actor/num_tokens": torch.tensor(float(n)), "actor/pg_loss": torch.tensor(0.0),
+                "actor/clipfrac_high": torch.tensor(frac), "actor/ratio_max": torch.tensor(1.5)}
+
+    def critic(n, frac):
+        return {"critic/value_loss": 0.0, "critic/num_tokens": float(n), "critic/vf_clipfrac": frac,
+                "critic/values_mean": 0.5}
+
+    per_rank = [{**reduce_metrics([actor(10, 0.2)]), **_reduce([[critic(10, 0.4)]])},
+                {**reduce_metrics([actor(0, 0.0)]), **_reduce([[critic(0, 0.0)]])}]
+    got = two_ranks.run(lambda r: M.reduce_over_ranks(per_rank[r]))[0]
+    assert all(v == v for v in got.values()), got                  # no NaN anywhere
+    assert got["actor/clipfrac_high"] == pytest.approx(0.2) and got["critic/vf_clipfrac"] == pytest.approx(0.4)
+    assert got["actor/ratio_max"] == 1.5
