@@ -10,8 +10,15 @@ For each item: no answer -> wrong, no call; exact match -> right, no call; a
 cached verdict -> reused; else one request, at most `max_concurrency` in flight.
 Each request has a timeout and `retries` retries with backoff. When the judge
 stays down, the item is marked `judge_failed` (counted in `stats`, logged) and
-exact match stands, so training goes on. After `give_up_after` failures in a
-row the rest of the batch fails fast instead of waiting out every timeout.
+exact match stands, so training goes on.
+
+A breaker shared by every call of the client (and its threads) bounds what an outage
+costs: it opens when a request found the server unreachable (every try a transport
+error or timeout, and no request answered meanwhile) or after `give_up_after`
+failed requests in a row, across calls. While open, requests fail at once without
+the network; after `cooldown_s` one probe request (one try) decides: answered, it
+closes; failed, it stays open another cool-down. So a hung judge costs one wave of
+timeouts, not one per call.
 
 mode="em" needs no server: exact match is the whole verdict.
 
@@ -154,6 +161,55 @@ class _VerdictCache:
         self._db.close()
 
 
+class _Breaker:
+    """The outage state of one client, shared by its calls and threads (see the module's docstring)."""
+
+    def __init__(self, give_up_after: int, cooldown_s: float, url: str | None):
+        self._lock = threading.Lock()
+        self.give_up_after, self.cooldown_s, self.url = give_up_after, cooldown_s, url
+        self.streak = 0                     # failed requests in a row, across calls
+        self.open_until: float | None = None
+        self.probing = False
+        self.last_ok = float("-inf")        # when a request last got an answer
+
+    def is_open(self) -> bool:
+        with self._lock:
+            return self.open_until is not None
+
+    def enter(self) -> str:
+        """"go" (closed), "probe" (this call's first request decides whether the judge is back), or "fail"."""
+        with self._lock:
+            if self.open_until is None:
+                return "go"
+            if self.probing or time.monotonic() < self.open_until:
+                return "fail"
+            self.probing = True
+            return "probe"
+
+    def end_probe(self) -> None:
+        """A probe that ended without a verdict (an exception): the next call may probe again."""
+        with self._lock:
+            self.probing = False
+
+    def ok(self) -> None:
+        with self._lock:
+            if self.open_until is not None:
+                log.warning("judge at %s answers again; the breaker is closed", self.url)
+            self.streak, self.open_until, self.probing, self.last_ok = 0, None, False, time.monotonic()
+
+    def failed(self, started: float, unreachable: bool, probe: bool = False) -> None:
+        with self._lock:
+            self.streak += 1
+            if probe:
+                self.probing = False
+            # Unreachable only counts when nothing answered meanwhile: one slow request on a busy judge is no outage.
+            if probe or (unreachable and self.last_ok < started) or self.streak >= self.give_up_after:
+                if self.open_until is None:
+                    log.warning("judge at %s is down (%d failed requests in a row); requests fail at once for %g s, "
+                                "then one probe", self.url, self.streak, self.cooldown_s)
+                self.open_until = time.monotonic() + self.cooldown_s
+
+
 class Judge:
     """Batch judge. `url=None` (or mode="em") gives the exact-match-only judge."""
 
@@ -168,6 +224,7 @@ class Judge:
         retries: int = 2,
         backoff_s: float = 0.5,
         give_up_after: int = 16,
+        cooldown_s: float = 60.0,
         cache_path: str | Path | None = None,
         max_tokens: int = 8,
         extra_body: dict | None = None,
@@ -177,6 +234,7 @@ class Judge:
         model: served model name; None asks the server's /v1/models for the first one.
         api_key: sent as a Bearer token; None reads OPENAI_API_KEY (no header when neither is set).
         mode: "llm" or "em"; default "llm" when a url is given, else "em".
+        give_up_after, cooldown_s: the breaker (see the module's docstring).
         max_tokens: room for the verdict word (raise it for judges that think first).
         extra_body: merged into every request, e.g. {"structured_outputs": {"choice": ["yes", "no"]}}
             on vLLM to force a one-word verdict.
@@ -186,8 +244,9 @@ class Judge:
             raise ValueError(f"judge mode must be 'llm' or 'em', got {self.mode!r}")
         if self.mode == "llm" and not url:
             raise ValueError("judge mode 'llm' needs a server url (start one with scripts/start_judge.sh), or use mode='em'")
-        if max_concurrency < 1 or retries < 0 or timeout_s <= 0:
-            raise ValueError(f"need max_concurrency >= 1, retries >= 0, timeout_s > 0; got {max_concurrency}, {retries}, {timeout_s}")
+        if max_concurrency < 1 or retries < 0 or timeout_s <= 0 or give_up_after < 1 or cooldown_s < 0:
+            raise ValueError(f"need max_concurrency >= 1, retries >= 0, timeout_s > 0, give_up_after >= 1, cooldown_s >= 0; "
+                             f"got {max_concurrency}, {retries}, {timeout_s}, {give_up_after}, {cooldown_s}")
         self.url = _base_url(url) if url else None
         self.model = model
         # Private, and kept out of describe()/repr(), so it cannot end up in a log or a config dump.
@@ -197,6 +256,8 @@ class Judge:
         self.retries = retries
         self.backoff_s = backoff_s
         self.give_up_after = give_up_after
+        self.cooldown_s = cooldown_s
+        self._breaker = _Breaker(give_up_after, cooldown_s, self.url)
         self.max_tokens = max_tokens
         self.extra_body = dict(extra_body or {})
         self.cache = _VerdictCache(cache_path) if cache_path else None
@@ -290,8 +351,16 @@ class Judge:
     async def _discover_alone(self) -> None:
         import httpx
 
-        async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s) as client:
-            self.model = await self._discover_model(client)
+        gate = self._breaker.enter()
+        if gate == "fail":
+            return
+        probe = gate == "probe"
+        try:
+            async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s) as client:
+                self.model, probe = await self._discover_model(client, probe=probe), False
+        finally:
+            if probe:   # left before the probe decided (an exception)
+                self._breaker.end_probe()
 
     def _headers(self) -> dict:
         return {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
@@ -317,65 +386,111 @@ class Judge:
     async def _chat_all(self, messages: list[list[dict]], max_tokens: int, temperature: float) -> list[str | None]:
         import httpx
 
+        gate = self._breaker.enter()
+        if gate == "fail":   # the judge is down (the breaker): fail at once, no request
+            self.stats["failures"] += len(messages)
+            log.debug("judge at %s is down (breaker open); %d items fall back to exact match", self.url, len(messages))
+            return [None] * len(messages)
+        probe = gate == "probe"
         limits = httpx.Limits(max_connections=self.max_concurrency)
-        async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s, limits=limits) as client:
-            if self.model is None:
-                self.model = await self._discover_model(client)
+        try:
+            async with httpx.AsyncClient(base_url=self.url, headers=self._headers(), timeout=self.timeout_s,
+                                         limits=limits) as client:
                 if self.model is None:
-                    self.stats["failures"] += len(messages)
-                    log.warning("judge at %s is unreachable; %d items fall back to exact match", self.url, len(messages))
-                    return [None] * len(messages)
-            sem = asyncio.Semaphore(self.max_concurrency)
-            state = {"streak": 0}
+                    self.model, probe = await self._discover_model(client, probe=probe), False
+                    if self.model is None:
+                        self.stats["failures"] += len(messages)
+                        log.warning("judge at %s is unreachable; %d items fall back to exact match", self.url, len(messages))
+                        return [None] * len(messages)
+                sem = asyncio.Semaphore(self.max_concurrency)
 
-            async def one(msgs: list[dict]) -> str | None:
-                async with sem:
-                    if state["streak"] >= self.give_up_after:
-                        self.stats["failures"] += 1
-                        return None
-                    reply = await self._post(client, msgs, max_tokens, temperature)
-                    state["streak"] = 0 if reply is not None else state["streak"] + 1
+                async def one(msgs: list[dict]) -> str | None:
+                    async with sem:
+                        # Another request of this wave (or thread) found the judge down: do not wait it out again.
+                        reply = None if self._breaker.is_open() else await self._post(client, msgs, max_tokens, temperature)
+                        if reply is None:
+                            self.stats["failures"] += 1
+                        return reply
+
+                first: list[str | None] = []
+                if probe:   # the probe goes alone: when it fails, the rest of the call fails at once
+                    probe = False
+                    reply = await self._post(client, messages[0], max_tokens, temperature, probe=True)
                     if reply is None:
                         self.stats["failures"] += 1
-                    return reply
-
-            replies = await asyncio.gather(*(one(m) for m in messages))
+                    first = [reply]
+                replies = first + list(await asyncio.gather(*(one(m) for m in messages[len(first):])))
+        finally:
+            if probe:   # left before the probe was sent (an exception)
+                self._breaker.end_probe()
         n_failed = sum(r is None for r in replies)
         if n_failed:
             log.warning("judge at %s failed on %d/%d requests; exact match stands for them", self.url, n_failed, len(replies))
         return list(replies)
 
-    async def _discover_model(self, client) -> str | None:
-        for attempt in range(self.retries + 1):
+    async def _discover_model(self, client, probe: bool = False) -> str | None:
+        started = time.monotonic()
+        tries = 1 if probe else self.retries + 1
+        for attempt in range(tries):
             try:
                 r = await client.get("/v1/models")
                 r.raise_for_status()
-                return r.json()["data"][0]["id"]
+                name = r.json()["data"][0]["id"]
+                self._breaker.ok()
+                return name
             except Exception as e:  # noqa: BLE001 - any failure means "no judge"; logged below
                 err = e
-                if attempt < self.retries:   # no wait after the last try: nothing follows it
+                if attempt < tries - 1:   # no wait after the last try: nothing follows it
                     await asyncio.sleep(self.backoff_s * 2**attempt)
         log.warning("judge /v1/models at %s failed: %r", self.url, err)
+        self._breaker.failed(started, unreachable=True, probe=probe)
         return None
 
-    async def _post(self, client, msgs: list[dict], max_tokens: int, temperature: float) -> str | None:
+    async def _post(self, client, msgs: list[dict], max_tokens: int, temperature: float,
+                    probe: bool = False) -> str | None:
+        """One request, recorded on the breaker. A probe makes one try; a request stops retrying once the
+        breaker has opened (another request found the judge down)."""
+        started = time.monotonic()
+        try:
+            reply, unreachable = await self._tries(client, msgs, max_tokens, temperature, 1 if probe else self.retries + 1)
+        except BaseException:   # cancelled: no verdict on the judge, but never leave a probe marked in flight
+            if probe:
+                self._breaker.end_probe()
+            raise
+        if reply is not None:
+            self._breaker.ok()
+        else:
+            self._breaker.failed(started, unreachable, probe)
+        return reply
+
+    async def _tries(self, client, msgs: list[dict], max_tokens: int, temperature: float,
+                     tries: int) -> tuple[str | None, bool]:
+        """(the reply or None, whether every try ended in a transport error: no HTTP answer at all)."""
         import httpx
 
         body = {"model": self.model, "messages": msgs, "max_tokens": max_tokens, "temperature": temperature}
         body.update(self.extra_body)
-        for attempt in range(self.retries + 1):
+        unreachable = True
+        for attempt in range(tries):
+            if attempt and self._breaker.is_open():
+                break
             self.stats["calls"] += 1
             try:
                 r = await client.post("/v1/chat/completions", json=body)
+                unreachable = False
                 if r.status_code == 200:
-                    return r.json()["choices"][0]["message"].get("content") or ""
+                    return r.json()["choices"][0]["message"].get("content") or "", False
                 # 4xx other than rate limiting will not get better on retry (bad model name, bad body).
                 if r.status_code < 500 and r.status_code != 429:
                     log.warning("judge refused the request (%d): %s", r.status_code, r.text[:300])
-                    return None
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:  # transport or a malformed body
-                if attempt == self.retries:
+                    return None, False
+            except httpx.TransportError as e:   # refused, reset, timed out: no answer from the server
+                if attempt == tries - 1:
                     log.debug("judge request failed after %d tries: %r", attempt + 1, e)
-            if attempt < self.retries:
+            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:  # a malformed body
+                unreachable = False
+                if attempt == tries - 1:
+                    log.debug("judge request failed after %d tries: %r", attempt + 1, e)
+            if attempt < tries - 1:
                 await asyncio.sleep(self.backoff_s * 2**attempt)
-        return None
+        return None, unreachable

@@ -147,12 +147,16 @@ class RoundPipeline:
         self.decided: list[bool] = []
         self.verdict: dict[int, bool | None] = {}
         self.rag_waiting: list[int] = []
+        self.rag_asks: list[tuple[int, list[dict]]] = []     # judge verifier: (candidate, chat) to send
+        self.rag_items: list[tuple[int, JudgeItem]] = []     # judge verifier: (candidate, its answer) to grade
+        self.rag_busy = False
         self.fills: dict[int, dict] = {}
         self.sol_states: dict[int, list[Any]] = {}
         self.graded: dict[int, Any] = {}   # id(solver state) -> JudgeResult
         self.to_grade: list[Any] = []
         self.grading = False
         self.loop.hook_after_step(self._grade)
+        self.loop.hook_after_step(self._rag_send)
 
     def play(self, rows: Sequence[ProposerRow], qa_questions: Sequence[dict]) -> Played:
         reqs = proposer_requests(self.tok, rows, self.cfg, self.tag)
@@ -166,6 +170,7 @@ class RoundPipeline:
             self.props_batch.start(new_state(r, i, limit))
         if n == 0:
             self._all_decided()
+        self._rag_send()   # candidates that ended at their start (the loop's hooks have not run yet)
         before = dict(self.judge.stats)
         self.loop.run()
         self.props_batch.close()
@@ -208,18 +213,45 @@ class RoundPipeline:
             if self.cfg.rag_verify == "policy":
                 self.loop.generate(ask, rag_sampling(self.cfg), lambda out, i=i: self._rag_reply(i, out.text))
             else:
-                self.loop.call(lambda ask=ask: self.judge.chat_many([ask], max_tokens=self.cfg.rag_max_tokens)[0],
-                               lambda reply, i=i: self._rag_reply(i, reply), serial=True)
+                self.rag_asks.append((i, ask))   # sent with the others ready in this pass (_rag_send)
 
     def _rag_reply(self, i: int, reply: str | None) -> None:
         t = self.props[i]
         v = rag_reply(t, reply)
-        if isinstance(v, str):
+        if not isinstance(v, str):
+            self._rag_verdict(i, v)
+        elif self.cfg.rag_verify == "judge":
+            self.rag_items.append((i, JudgeItem(t.question, t.answer, v)))
+        else:
             item = JudgeItem(t.question, t.answer, v)
             self.loop.call(lambda: self.judge.judge_many([item])[0], lambda res: self._rag_verdict(i, rag_graded(res)),
                            serial=True)
-        else:
-            self._rag_verdict(i, v)
+
+    def _rag_send(self) -> None:
+        """The judge verifier's waiting chats and gradings, in one call in a thread (as _grade): one call at a time,
+        what becomes ready meanwhile goes in the next. A judge that is down then costs a wave, not one per candidate."""
+        if self.rag_busy or not (self.rag_asks or self.rag_items):
+            return
+        asks, items, self.rag_asks, self.rag_items, self.rag_busy = self.rag_asks, self.rag_items, [], [], True
+        max_tokens = self.cfg.rag_max_tokens
+
+        def ask_judge() -> tuple[list, list]:
+            replies = self.judge.chat_many([a for _, a in asks], max_tokens=max_tokens) if asks else []
+            graded = self.judge.judge_many([it for _, it in items]) if items else []
+            return replies, graded
+
+        self.loop.call(ask_judge, lambda got: self._rag_back(asks, items, *got), serial=True)
+
+    def _rag_back(self, asks: list, items: list, replies: list, graded: list) -> None:
+        # zip would silently pair verdicts with the wrong candidates, or drop some
+        if len(replies) != len(asks) or len(graded) != len(items):
+            raise RuntimeError(f"the judge returned {len(replies)} replies for {len(asks)} RAG prompts and "
+                               f"{len(graded)} verdicts for {len(items)} RAG answers")
+        self.rag_busy = False   # the hooks run next, and send what waited
+        for (i, _), res in zip(items, graded):
+            self._rag_verdict(i, rag_graded(res))
+        for (i, _), reply in zip(asks, replies):
+            self._rag_reply(i, reply)
 
     def _rag_verdict(self, i: int, v: bool | None) -> None:
         self.verdict[i] = v

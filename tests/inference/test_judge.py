@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from inference.judge import Judge, JudgeItem, parse_verdict
+from tests.inference.test_judge_hang import hang, hang_url  # noqa: F401 - fixtures: a judge that never answers
 
 # Wrong-by-exact-match items, so each one needs the judge model.
 HARD = [
@@ -55,7 +56,8 @@ def test_bad_config_messages():
 
 @pytest.mark.timeout(60)
 def test_server_down_marks_judge_failed_and_em_stands(dead_url, tmp_path):
-    judge = Judge(dead_url, model="judge", retries=2, backoff_s=0.05, timeout_s=2.0, cache_path=tmp_path / "c.sqlite")
+    judge = Judge(dead_url, model="judge", retries=2, backoff_s=0.05, timeout_s=2.0, cache_path=tmp_path / "c.sqlite",
+                  max_concurrency=1, cooldown_s=0.5)
     items = HARD + [JudgeItem("q", "Paris", "Paris")]
     t0 = time.monotonic()
     res = judge.judge_many(items)
@@ -64,10 +66,14 @@ def test_server_down_marks_judge_failed_and_em_stands(dead_url, tmp_path):
     assert [r.correct for r in res] == [False, False, False, True]
     assert res[-1].source == "em"
     assert judge.stats["failures"] == 3
-    assert judge.stats["calls"] == 3 * 3          # each request tried 1 + retries times
-    # failures are not cached: a later call asks again
+    # the first request tried 1 + retries times and found the judge unreachable: the others failed at once
+    assert judge.stats["calls"] == 3
+    # failures are not cached: a later call asks again, once the breaker's cool-down has passed (one probe)
     judge.judge_many(items[:1])
-    assert judge.stats["calls"] == 3 * 3 + 3
+    assert judge.stats["calls"] == 3
+    time.sleep(0.6)
+    judge.judge_many(items[:1])
+    assert judge.stats["calls"] == 3 + 1
 
 
 @pytest.mark.timeout(60)
@@ -95,11 +101,120 @@ def test_server_down_model_discovery_and_give_up(dead_url):
     res = judge.judge_many(HARD * 10)
     assert all(r.judge_failed for r in res) and judge.stats["failures"] == 30
     assert judge.stats["calls"] == 0
-    # with a known model name, the give-up streak bounds the requests of a big batch
+    # with a known model name, the first refused request opens the breaker: the rest of the batch fails at once
+    # (failures that are answers, 5xx, open it after give_up_after in a row: test_the_give_up_streak_outlives_the_call)
     judge = Judge(dead_url, model="judge", retries=0, backoff_s=0.0, max_concurrency=1, give_up_after=4)
     res = judge.judge_many(HARD * 10)
     assert all(r.judge_failed for r in res)
-    assert judge.stats["calls"] == 4
+    assert judge.stats["calls"] == 1
+
+
+@pytest.mark.timeout(60)
+def test_server_hanging_marks_judge_failed_and_em_stands(hang_url, tmp_path):
+    """The hanging-server variant of the test above: the judge accepts the connection and never answers, so
+    every try waits out the timeout. One wave of them, then the breaker fails what follows without the network."""
+    judge = Judge(hang_url, model="judge", retries=1, backoff_s=0.0, timeout_s=1.0, cache_path=tmp_path / "c.sqlite")
+    items = HARD + [JudgeItem("q", "Paris", "Paris")]
+    t0 = time.monotonic()
+    res = judge.judge_many(items)
+    assert [r.judge_failed for r in res] == [True, True, True, False]
+    assert [r.correct for r in res] == [False, False, False, True] and res[-1].source == "em"
+    assert judge.stats["failures"] == 3 and judge.stats["calls"] <= 3 * 2
+    calls = judge.stats["calls"]
+    for _ in range(5):   # the same outage: failed at once, nothing sent, nothing cached
+        assert [r.judge_failed for r in judge.judge_many(items)] == [True, True, True, False]
+    assert judge.stats["calls"] == calls and judge.stats["failures"] == 3 * 6
+    assert time.monotonic() - t0 < 3 * 2 * 1.0
+
+
+class _Flaky(BaseHTTPRequestHandler):
+    """Answers "yes" while `up` is set; while it is not, a chat request hangs (no reply) or gets a 500 (`mode`)."""
+
+    hits: list = []
+    up = threading.Event()
+    release = threading.Event()
+    mode = "hang"
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.hits.append(time.monotonic())
+        if not self.up.is_set():
+            if self.mode == "hang":
+                self.release.wait(10)   # the client times out first; then drop the connection unanswered
+                return
+            self.send_response(500)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        data = json.dumps({"choices": [{"message": {"role": "assistant", "content": "yes"}}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture
+def flaky():
+    handler = type("Handler", (_Flaky,), {"hits": [], "up": threading.Event(), "release": threading.Event()})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", handler
+    finally:
+        handler.release.set()
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.mark.timeout(60)
+def test_the_give_up_streak_outlives_the_call(flaky):
+    """Before, the streak restarted with every call, so one-item calls (the pipeline's) never reached it."""
+    url, server = flaky
+    server.mode = "500"
+    judge = Judge(url, model="m", retries=0, backoff_s=0.0, give_up_after=3)
+    res = [judge.judge_many(HARD[:1])[0] for _ in range(6)]
+    assert all(r.judge_failed for r in res) and judge.stats["failures"] == 6
+    assert len(server.hits) == 3 and judge.stats["calls"] == 3
+
+
+@pytest.mark.timeout(60)
+def test_the_breaker_probes_once_after_its_cool_down_and_closes_when_the_judge_is_back(flaky):
+    url, server = flaky
+    judge = Judge(url, model="m", retries=0, timeout_s=2.0, cooldown_s=1.5)
+    assert judge.judge_many(HARD[:1])[0].judge_failed and len(server.hits) == 1   # timed out: the breaker opens
+
+    def from_threads(n):
+        out = [None] * n
+
+        def go(k):
+            out[k] = judge.judge_many(HARD)
+        threads = [threading.Thread(target=go, args=(k,)) for k in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return out
+
+    # open: eight threads at once fail at once, nothing reaches the server
+    t0 = time.monotonic()
+    assert all(r.judge_failed for res in from_threads(8) for r in res)
+    assert time.monotonic() - t0 < judge.timeout_s and len(server.hits) == 1
+    # cooled down, still hanging: of four threads one sends a single probe, the others fail at once
+    time.sleep(1.6)
+    assert all(r.judge_failed for res in from_threads(4) for r in res)
+    assert len(server.hits) == 2
+    assert judge.judge_many(HARD)[0].judge_failed and len(server.hits) == 2   # the failed probe reopened it
+    # back up: after the cool-down the probe succeeds, and the rest of its call goes out with it
+    server.up.set()
+    time.sleep(1.6)
+    res = judge.judge_many(HARD)
+    assert [r.source for r in res] == ["llm"] * 3 and all(r.correct for r in res) and len(server.hits) == 5
+    assert [r.source for r in judge.judge_many(HARD[1:])] == ["llm", "llm"] and len(server.hits) == 7
+    assert judge.chat_many([[{"role": "user", "content": "hi"}]]) == ["yes"]
 
 
 @pytest.mark.slow
