@@ -120,3 +120,32 @@ def test_rag_check_judge_refuses_a_reply_count_that_differs(extra):
     cfg = GameConfig(rag_verify="judge", rag_distractors=1, rag_max_tokens=16)
     with pytest.raises(RuntimeError, match="replies for 2 RAG candidates"):
         rag_check([0, 2], props, None, WrongCountJudge(extra), cfg, random.Random(0))
+
+
+class _BrokenJudge(Judge):
+    """Exact match, failing as a bug would on its first grading, while other solvers are still decoding."""
+
+    def judge_many(self, items):
+        raise RuntimeError("judge bug")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_error_mid_round_leaves_vllm_itself_empty(vllm_engine, bm25):
+    """Issue 40 (7): the pipeline's error test ran on GenerateStepper, where nothing is in flight when the error is
+    raised; here real vLLM requests are: the round's error must leave vLLM's own count at 0, and the next sync's
+    prefix-cache reset must succeed."""
+    from inference.data import ProposerRow
+    from inference.game import play_round
+    from inference.rollout import RolloutConfig
+
+    rows = [ProposerRow("Paris", 1)]
+    qa = [{"question": f"What is the capital of country number {k}?", "answer": "x"} for k in range(3)]
+    cfg = GameConfig(proposer_n=2, solver_n=4, rag_verify="off", min_searches=1, seed=1)
+    # different caps per role: the QA solvers end at once (4 tokens) while the proposers still decode
+    rcfg = {"proposer": RolloutConfig(max_turns=2, max_tokens_per_turn=200, topk=1, seed=2),
+            "solver": RolloutConfig(max_turns=1, max_tokens_per_turn=4, topk=1, seed=2)}
+    with pytest.raises(RuntimeError, match="judge bug"):
+        play_round(vllm_engine, rows, bm25.search, _BrokenJudge(), cfg, rcfg, qa_questions=qa)
+    assert _vllm_unfinished(vllm_engine) == 0
+    vllm_engine.reset_prefix_cache()
