@@ -22,6 +22,7 @@ import os
 import pickle
 import random
 import shutil
+import threading
 from collections import deque
 from pathlib import Path
 
@@ -40,6 +41,22 @@ def fault_point(where: str, step: int) -> None:
     if os.environ.get("SSP_FAULT", "") == f"{where}:{step}":
         print(f"SSP_FAULT: killing rank {D.rank()} at {where} of step {step}", flush=True)
         os._exit(17)
+
+
+def kill_in_round(step: int) -> None:
+    """Crash injection for bench/bench_faults.py: SSP_FAULT=kill_in_round:2:5 kills the process 5 s into step 2's
+    round (a timer, so wherever the round then is: mid-decode, mid-search), like a node failure."""
+    kind, _, rest = os.environ.get("SSP_FAULT", "").partition(":")
+    at, _, after_s = rest.partition(":")
+    if kind != "kill_in_round" or not at.isdigit() or int(at) != step:
+        return
+
+    def die() -> None:
+        print(f"SSP_FAULT: killing rank {D.rank()} {after_s} s into step {step}'s round", flush=True)
+        os._exit(17)
+    timer = threading.Timer(float(after_s), die)
+    timer.daemon = True
+    timer.start()
 
 
 # ----------------------------------------------------------------------------- client state

@@ -20,6 +20,7 @@ sampled (veRL's `values[:, -response_length - 1:-1]`); the first token of a sequ
 from __future__ import annotations
 
 import math
+import os
 from typing import Sequence
 
 import torch
@@ -253,6 +254,11 @@ def train_step_critic(engine, cfg, step: int, trajs, values, returns, reduce, ba
     `reduce` = utils.metrics.reduce_over_ranks (*_loss summed, as training/update.py declares). Collective.
     batch: the step's training.step_batch.StepBatch of `trajs` (as step_values got it), or None."""
     idx = [i for i, r in enumerate(returns) if r is not None]
+    if idx and os.environ.get("SSP_FAULT", "") == f"critic_nan:{step}:{D.rank()}":
+        # Fault injection (bench/bench_faults.py): a NaN value target on this rank gives the critic a NaN gradient.
+        print(f"SSP_FAULT: rank {D.rank()} plants a NaN critic target at step {step}", flush=True)
+        returns = list(returns)
+        returns[idx[0]] = returns[idx[0]] * float("nan")
     sub = [trajs[i] for i in idx]
     masks = [torch.tensor(t.loss_mask) for t in sub]
     ev = explained_variance([values[i] for i in idx], [returns[i] for i in idx], masks)

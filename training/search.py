@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from typing import TYPE_CHECKING
 
 from inference.engine_api import TokenGenerator
 from inference.simulated_search import SimulatedSearch
+from utils import dist as D
 from utils.metrics import summed
 
 if TYPE_CHECKING:
@@ -49,6 +51,9 @@ class TimedSearch:
             self.calls += 1
             self.queries += len(queries)
         try:
+            if os.environ.get("SSP_FAULT", "") == f"search_raises:{D.rank()}":
+                # Fault injection (bench/bench_faults.py): this rank's search back-end is down.
+                raise ConnectionError(f"SSP_FAULT: rank {D.rank()}'s search back-end raises")
             if self.wants_context:
                 return self.backend.search(queries, topk, contexts=contexts)
             return self.backend.search(queries, topk)

@@ -204,6 +204,10 @@ class SelfPlayArgs:
     judge: str = F("em", "answer judge: em (no server) or llm (OpenAI-compatible server at --judge_url)", choices=("em", "llm"))
     judge_url: str = F("", "judge server base URL, e.g. http://127.0.0.1:8001/v1")
     judge_model: str = F("", "model name to request from the judge server")
+    judge_timeout_s: float = F(30.0, "seconds one judge request may take before it counts as failed")
+    judge_retries: int = F(2, "retries of a failed judge request (with backoff) before its item falls back to exact match")
+    judge_cooldown_s: float = F(60.0, "after the judge is found down, seconds its requests fail at once before one probe "
+                                      "asks again (an outage costs one wave of timeouts, not one per call)")
 
     def check(self) -> list[str]:
         """What is wrong with self-play's own fields ([] when nothing is)."""
@@ -211,6 +215,9 @@ class SelfPlayArgs:
         if self.prompts_per_step < 0:
             errs.append(f"--prompts_per_step must be >= 1, or 0 for auto (4 per data-parallel group), got "
                         f"{self.prompts_per_step}")
+        if self.judge_timeout_s <= 0 or self.judge_retries < 0 or self.judge_cooldown_s < 0:
+            errs.append(f"--judge_timeout_s must be > 0, --judge_retries >= 0 and --judge_cooldown_s >= 0 (got "
+                        f"{self.judge_timeout_s}, {self.judge_retries}, {self.judge_cooldown_s})")
         if self.solver_n < 1 or self.proposer_n < 1:
             errs.append(f"--proposer_n and --solver_n must both be >= 1 (got {self.proposer_n}, {self.solver_n})")
         if self.rag_verify == "judge" and self.judge != "llm":

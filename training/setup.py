@@ -126,7 +126,8 @@ def game_config(cfg: Config, dp_rank: int) -> GameConfig:
 def build_judge(cfg: Config, out: Path) -> Judge:
     sp = cfg.selfplay
     if sp.judge == "llm":
-        return Judge(url=sp.judge_url, model=sp.judge_model or None, cache_path=out / "judge_cache.sqlite")
+        return Judge(url=sp.judge_url, model=sp.judge_model or None, cache_path=out / "judge_cache.sqlite",
+                     timeout_s=sp.judge_timeout_s, retries=sp.judge_retries, cooldown_s=sp.judge_cooldown_s)
     return Judge()
 
 

@@ -238,6 +238,7 @@ class SSPTrainer:
         self.curriculum.start(self.step)
         # --pool_clear_every: a function of the step and the checkpointed pool, so ranks and a resumed run agree
         cleared = self.pool.clear_admitted() if pool_clear_due(self.step, self.game_cfg.pool_clear_every) else 0
+        C.kill_in_round(self.step)  # SSP_FAULT=kill_in_round:<step>:<s>, bench/bench_faults.py
         with self._timer(times, "generate"):
             game = self.play(rollout_configs(self.cfg, self.step, self.dp_rank))
         game.stats["game/pool_cleared"] = cleared  # a count (inference.game.COUNT_KEYS): summed over ranks
