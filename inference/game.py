@@ -35,12 +35,11 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from inference.data import ProposerRow
-from inference.filters import FilterConfig, check_question
+from inference.filters import SHORTCUT_FILTERS, SHORTCUT_REASONS, FilterConfig, check_question
 # what the round shows (inference/game_metrics.py); its names stay importable from here too
 from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY, SOURCES,  # noqa: F401
                                     answer_in_text, answer_is_first_title, is_count, no_question_why,
@@ -48,22 +47,22 @@ from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY,
 from inference.game_metrics import mean_or_zero as _mean, round_stats as _stats
 from inference.judge import Judge, JudgeItem
 # the RAG check (inference/rag_check.py); its names stay importable from here too
-from inference.rag_check import RAG_INSTRUCTION, rag_check, rag_prompt, solver_view  # noqa: F401
+from inference.rag_check import (QUESTION_SEARCH_NEEDS, RAG_INSTRUCTION, RAG_VERIFIERS, check_questions,  # noqa: F401
+                                 needs_question_search, rag_check, rag_prompt, solver_view)
 # the round's slots and its pipeline (inference/pipeline.py); qcp_of stays importable from here too
+from inference.pool import POOL_SIZE, SEED_STEP, QuestionPool, admit_to_pool, pool_clear_due  # noqa: F401
 from inference.pipeline import (QCP_DOC_CHARS, FillPlan, Played, RoundPipeline, judge_item,  # noqa: F401
                                 proposer_requests, qa_question, qcp_of, slot_question, solver_requests)
 from inference.rag_check import rag_rng
 from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
-from inference.rollout import RolloutConfig, _search_attr, concurrent_search, run_rollouts
+from inference.rollout import RolloutConfig, concurrent_search, run_rollouts, search_attr
 from inference.self_search import shape_solver_rewards
 from inference.step_loop import first_rank_value
 from inference.trajectory import GameMeta, Trajectory
-from utils.text import normalize_answer
 
 log = logging.getLogger(__name__)
 
 SearchFn = Callable[[list[str], int], list[list[dict]]]
-RAG_VERIFIERS = ("judge", "policy", "off")
 EXCLUSION_REASONS = ("judge_failed", "search_failed")
 """Why a group is left out of the loss; when a group has both, the first one names it."""
 
@@ -92,7 +91,9 @@ class GameConfig:
     rag_verify: str = "off"
     """Who answers the question from the proposer's documents: "judge" (the judge server, as SSP),
     "policy" (the policy itself, greedy, no search) or "off" (skip the check). Off by default because
-    the default judge is exact match, with no server to answer the check."""
+    the default judge is exact match, with no server to answer the check. Also "retrieval", "policy+retrieval"."""
+    shortcut_filter: str = "off"
+    """"title", "queries", "both" or "off": refuse shortcut questions, reward 0 (inference/filters.py)."""
     rag_distractors: int = 2
     """Document sets from other proposer trajectories mixed in, so a question that only looks
     answerable because its documents are the only ones shown still fails. 0 = own docs only. 2, not
@@ -107,7 +108,7 @@ class GameConfig:
     use_pool: bool = True
     """Fill the solver slot of an invalid question with a past valid question, so the solver
     batch keeps its size while the proposer is still bad (SSP's get_random_existing_problems)."""
-    pool_size: int = 256
+    pool_size: int = POOL_SIZE
     """Oldest questions are dropped past this; bounds memory and checkpoint size. The pool is cleared
     every pool_clear_every steps, so it seldom gets near it."""
     pool_min_solve_rate: float = 0.0
@@ -141,6 +142,8 @@ class GameConfig:
             raise ValueError(f"proposer_n and solver_n must be >= 1, got {self.proposer_n}, {self.solver_n}")
         if self.rag_verify not in RAG_VERIFIERS:
             raise ValueError(f"rag_verify must be one of {RAG_VERIFIERS}, got {self.rag_verify!r}")
+        if self.shortcut_filter not in SHORTCUT_FILTERS:
+            raise ValueError(f"shortcut_filter must be one of {SHORTCUT_FILTERS}, got {self.shortcut_filter!r}")
         self.proposer_reward = resolve_proposer_reward(self.proposer_reward, self.rag_verify)
         if self.proposer_reward not in PROPOSER_REWARD_KINDS:
             raise ValueError(f"proposer_reward must be auto or one of {PROPOSER_REWARD_KINDS}, "
@@ -156,7 +159,7 @@ class GameConfig:
 
     def filter_config(self) -> FilterConfig:
         return FilterConfig(self.min_question_chars, self.max_question_chars, self.min_question_words,
-                            self.min_searches, self.searches_at_least_n)
+                            self.min_searches, self.searches_at_least_n, self.shortcut_filter in ("queries", "both"))
 
     def pool_admits(self, solve_rate: float) -> bool:
         """A fresh valid question with this solve rate over its solver group joins the pool."""
@@ -170,71 +173,6 @@ def resolve_proposer_reward(kind: str, rag_verify: str) -> str:
     if kind != "auto":
         return kind
     return "1-acc" if rag_verify != "off" else "4s(1-s)"
-
-
-def pool_clear_due(step: int, every: int) -> bool:
-    """The trainer clears the pool at the start of step `step` (0-based): every `every` steps, never at step 0.
-    A function of the step alone, so every rank clears together and a resumed run clears where the original did."""
-    return every > 0 and step > 0 and step % every == 0
-
-
-SEED_STEP = -1
-"""The step recorded for rows seeded from a file (--pool_init): the user's cold-start rows, which clearing keeps."""
-
-
-class QuestionPool:
-    """Past valid questions with their answers: bounded FIFO, de-duplicated, serialisable for checkpoints.
-
-    An item: {"question", "answer", "step"} (the step that admitted it; SEED_STEP for seeded rows), plus
-    "qcp" (the question's construction path) and "solve_rate" (its solver group's, when admitted) if known.
-    """
-
-    def __init__(self, max_size: int = GameConfig.pool_size, seed: int = 0):
-        self.max_size = max_size
-        self.items: deque[dict] = deque(maxlen=max_size)
-        self.rng = random.Random(seed)
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def add(self, question: str, answer: Any, step: int = 0, qcp: dict | None = None,
-            solve_rate: float | None = None) -> bool:
-        """qcp: the question's construction path (qcp_of), kept for the solver's self-distillation teacher.
-        solve_rate: its solver group's solve rate in the round that admitted it. False: already held."""
-        key = normalize_answer(question)
-        if any(normalize_answer(it["question"]) == key for it in self.items):
-            return False
-        self.items.append({"question": question, "answer": answer, "step": step, **({"qcp": qcp} if qcp else {}),
-                           **({"solve_rate": float(solve_rate)} if solve_rate is not None else {})})
-        return True
-
-    def sample(self, k: int) -> list[dict]:
-        """min(k, len) distinct questions, drawn without replacement. Slots the pool cannot fill stay empty:
-        drawing with replacement once let one never-solved question fill 7 of 8 slots in a step."""
-        if not self.items or k <= 0:
-            return []
-        return self.rng.sample(list(self.items), min(k, len(self.items)))
-
-    def shuffled(self) -> list[dict]:
-        """Every question, in a random order (the round's FillPlan)."""
-        return self.rng.sample(list(self.items), len(self.items))
-
-    def clear_admitted(self) -> int:
-        """Remove every question the game admitted; rows seeded from a file (step < 0) stay. Returns how many went."""
-        keep = [it for it in self.items if it.get("step", 0) < 0]
-        removed = len(self.items) - len(keep)
-        self.items = deque(keep, maxlen=self.max_size)
-        return removed
-
-    def to_list(self) -> list[dict]:
-        return [dict(it) for it in self.items]
-
-    @classmethod
-    def from_list(cls, items: Sequence[dict], max_size: int = GameConfig.pool_size, seed: int = 0) -> "QuestionPool":
-        pool = cls(max_size, seed)
-        for it in items:
-            pool.add(it["question"], it["answer"], it.get("step", 0), it.get("qcp"), it.get("solve_rate"))
-        return pool
 
 
 @dataclass
@@ -263,12 +201,13 @@ def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None
 
 
 def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-             rng: random.Random | Callable[[int], random.Random], max_info_tokens: int = 512) -> tuple[list[str | None], dict[int, bool | None]]:
+             rng: random.Random | Callable[[int], random.Random], max_info_tokens: int = 512, search: Any = None,
+             topk: int = 3) -> tuple[list[str | None], dict[int, bool | None]]:
     """Per proposer trajectory, the reason it is invalid (None = valid), and the RAG verdicts.
 
     The question is the rollout's final <question> action (parsed by inference/parser.py);
     a trajectory that stopped any other way has none. rng: candidate i's random stream for its RAG check,
-    rng(i) (play_round gives each its own, as the pipeline does), or one stream for all.
+    rng(i) (play_round gives each its own, as the pipeline does), or one stream for all. search, topk: the solver's.
     """
     fcfg = cfg.filter_config()
     reasons: list[str | None] = []
@@ -277,18 +216,16 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
         reasons.append(check_question(q, t.answer, t.queries, t.docs,
                                       t.meta.search_turns, fcfg))
     survivors = [i for i, why in enumerate(reasons) if why is None]
-    if cfg.rag_verify == "off":
-        return reasons, {i: True for i in survivors}
-    verdict = rag_check(survivors, props, engine, judge, cfg, rng, max_info_tokens)
+    refused, verdict = check_questions(survivors, props, engine, judge, cfg, rng, max_info_tokens,
+                                       question_searcher(cfg, search), topk)
     unavailable = sum(v is None for v in verdict.values())
     if unavailable:
         # SSP lets a question through when its RAG check errors; the count is in the stats, and
         # mark_excluded leaves those proposer groups out of the loss (their validity is unknown).
         log.warning("RAG check undecided for %d questions (verifier or judge failed); they pass unchecked "
                     "and their proposer groups are left out of the loss", unavailable)
-    for i in survivors:
-        if verdict[i] is False:
-            reasons[i] = "rag_failed"
+    for i, why in refused.items():
+        reasons[i] = why
     return reasons, verdict
 
 
@@ -327,8 +264,8 @@ def score(props: list[Trajectory], reasons: list[str | None], sols: list[Traject
                 raise ValueError(f"proposer trajectory {i} is valid but no solver trajectory answers its question")
             t.reward = proposer_reward(correct_by_prop[i], cfg.proposer_reward)
             t.outcome.solver_acc = _mean(correct_by_prop[i])
-        else:
-            t.reward = cfg.format_penalty
+        else:  # a shortcut question is well formed, only too easy: 0, not the format penalty
+            t.reward = 0.0 if reasons[i] in SHORTCUT_REASONS else cfg.format_penalty
 
 
 def play_round(
@@ -364,6 +301,7 @@ def play_round(
     if not rows and not qa_questions:
         raise ValueError("play_round needs at least one proposer row or QA question")
     prop_search, solver_search = _search_fns(search_fn)
+    q_search = question_searcher(cfg, solver_search)  # refuses a back-end the question checks cannot use
     tag = step if not round_idx else f"{step}r{round_idx}"   # the group ids' "s{tag}-"
     judge_before = dict(judge.stats)
 
@@ -374,7 +312,7 @@ def play_round(
     rng_for = lambda i: rag_rng(cfg.seed, tag, i)  # noqa: E731  candidate i's own draws, in both schedules
     if pipelined(prop_rcfg, sol_rcfg, prop_search, solver_search):
         played = RoundPipeline(engine, judge, cfg, prop_search, solver_search, prop_rcfg, sol_rcfg, tag, plan,
-                               rng_for).play(rows, qa_questions)
+                               rng_for, q_search).play(rows, qa_questions)
     else:
         played = play_staged(engine, rows, prop_search, solver_search, judge, cfg, prop_rcfg, sol_rcfg, tag, plan,
                              rng_for, qa_questions)
@@ -392,8 +330,10 @@ def play_round(
     # a probe for the stats: a TP group's first rank asks, and shares the answer (the pipeline's rule)
     one_search = first_rank_value(engine, lambda: one_search_answerable(
         [props[i].question for i in valid], [props[i].answer for i in valid], uncounted(solver_search), sol_rcfg.topk))
+    for f in fills:   # FillPlan hands out the pool's own items: each counts its servings, this one included
+        f["served"] = f.get("served", 0) + 1
     stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
-                   admitted=admitted)
+                   admitted=admitted, rows=rows, served_counts=[f["served"] for f in fills])
     stats.update(excluded)
     stats["game/pipelined"] = float(played.sol_verdicts is not None)  # 1: the pipeline (trajectory schedule) played it
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
@@ -406,12 +346,19 @@ def play_round(
     return GameResult(props + sols, stats)
 
 
+def question_searcher(cfg: GameConfig, solver_search: Any) -> Any:
+    """The question checks' search (rag_check.py): the solver's, uncounted as the probe's; None when none searches."""
+    if needs_question_search(cfg) and (solver_search is None or search_attr(solver_search, "wants_context", False)):
+        raise ValueError(QUESTION_SEARCH_NEEDS)
+    return uncounted(solver_search) if needs_question_search(cfg) else None
+
+
 def uncounted(search: Any) -> Any:
     """The probe's search: a metric's, not the policy's, so it must not count in search/calls (a counting wrapper
     offers `uncounted`, training/search.TimedSearch). A simulated backend stays as it is: the probe skips it."""
-    if search is None or _search_attr(search, "wants_context", False):
+    if search is None or search_attr(search, "wants_context", False):
         return search
-    return _search_attr(search, "uncounted", search)
+    return search_attr(search, "uncounted", search)
 
 
 def pipelined(prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, prop_search: Any, solver_search: Any) -> bool:
@@ -430,30 +377,13 @@ def play_staged(engine: Any, rows: Sequence[ProposerRow], prop_search: Any, solv
                            "search and the judge on every rank of a tensor-parallel group; it would split the group")
     props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
     # the policy verifier reads the documents as the solver's rollouts are cut
-    reasons, verdict = validate(props, engine, judge, cfg, rng_for, sol_rcfg.max_info_tokens) if props else ([], {})
+    reasons, verdict = validate(props, engine, judge, cfg, rng_for, sol_rcfg.max_info_tokens, solver_search,
+                                sol_rcfg.topk) if props else ([], {})
     fills = plan.all(reasons)
     questions = {i: q for i in range(len(props)) if (q := slot_question(i, props, reasons, fills.get(i))) is not None}
     questions.update({len(props) + m: qa_question(q) for m, q in enumerate(qa_questions)})
     sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
     return Played(props, reasons, verdict, [fills[i] for i in sorted(fills)], sols)
-
-
-def admit_to_pool(pool: QuestionPool, props: list[Trajectory], sols: list[Trajectory], valid: Sequence[int],
-                  qcps: dict[int, dict], cfg: GameConfig, step: int) -> int:
-    """Add this round's valid questions whose solve rate s (outcome.solver_acc, set by score()) the pool
-    admits (cfg.pool_admits); returns how many joined. A question whose solver group was left out of the
-    loss (mark_excluded: its judging or search failed) has no measured s and stays out. Each proposer
-    trajectory records outcome.pool_admitted."""
-    unmeasured = {t.meta.proposer for t in sols
-                  if t.meta.proposer is not None and t.outcome.excluded}
-    admitted = 0
-    for i in valid:
-        t = props[i]
-        s = t.outcome.solver_acc
-        ok = i not in unmeasured and cfg.pool_admits(s) and pool.add(t.question, t.answer, step, qcps[i], s)
-        t.outcome.pool_admitted = bool(ok)
-        admitted += bool(ok)
-    return admitted
 
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:

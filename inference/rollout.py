@@ -265,7 +265,7 @@ def new_state(r: RolloutRequest, i: int, limit: int) -> _State:
     return _State(r, i if r.index is None else int(r.index), list(map(int, r.prompt_ids)), [0] * n, [0.0] * n)
 
 
-def _search_attr(search_fn: Any, name: str, default: Any) -> Any:
+def search_attr(search_fn: Any, name: str, default: Any) -> Any:
     """A flag set on the search function, or on the object it is a bound method of (TimedSearch, a retriever)."""
     if hasattr(search_fn, name):
         return getattr(search_fn, name)
@@ -274,7 +274,7 @@ def _search_attr(search_fn: Any, name: str, default: Any) -> Any:
 
 def concurrent_search(search_fn: SearchFn | None) -> bool:
     """Whether search_fn may run in threads beside the engine: backends say `concurrent_safe = False` otherwise."""
-    return search_fn is None or bool(_search_attr(search_fn, "concurrent_safe", True))
+    return search_fn is None or bool(search_attr(search_fn, "concurrent_safe", True))
 
 
 def _describe(search_fn: Any) -> str:

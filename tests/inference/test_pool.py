@@ -130,12 +130,13 @@ def test_clearing_is_due_every_n_steps_from_the_step_alone():
     assert is_count("game/pool_admitted") and is_count("game/pool_cleared")
 
 
-def test_to_list_from_list_keeps_solve_rate_step_and_qcp():
+def test_to_list_from_list_keeps_solve_rate_step_qcp_and_serve_count():
     pool = QuestionPool(8, seed=0)
     pool.add("Seeded question from the user's file?", ["x", "X"], step=SEED_STEP)
     pool.add("Game question with a known solve rate?", "y", step=3, qcp={"queries": ["q1", "q2"], "docs": [[]]},
              solve_rate=0.25)
     pool.add("Game question that nobody solved yet?", "z", step=4, solve_rate=0.0)
+    pool.items[1]["served"] = 3                                     # play_round's count (issue 41: pool servings)
     items = json.loads(json.dumps(pool.to_list()))                  # what a checkpoint holds, through a text format
     back = QuestionPool.from_list(items, max_size=8)
     assert back.to_list() == pool.to_list()
