@@ -40,15 +40,19 @@ total budget, it still searched in its last turn, it stopped (EOS) or wrote no u
 <question></question> was empty."""
 SOURCES = ("fresh", "pool", "qa")
 """Where a solver question came from: this round's proposer, the pool of earlier valid questions, fixed QA rows."""
+ANSWER_KINDS = ("name", "fact", "chain_end", "other")
+"""What a proposer row's answer is (answer_kind): a page's name, a fact read off a page's text, the end of a two-hop
+chain, or none of these (a row that says nothing of its kind)."""
 COUNT_KEYS = frozenset({
     "game/groups", "game/excluded_groups", "game/excluded_trajs", "game/proposer_trajs", "game/questions",
     "game/pool_fills", "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct",
     "game/pool_admitted", "game/pool_cleared",
     "game/rag_checked", "game/rag_unavailable", "game/valid_questions", "game/valid_doc1_title",
     "game/valid_answer_in_text", "game/valid_probed", "game/valid_one_search", "game/no_question",
-    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1",
+    "game/fresh_s0", "game/fresh_mid", "game/fresh_s1", "game/solver_slots", "game/empty_slots", "game/pool_servings",
     "solver/fresh_trajs", "solver/fresh_correct", "solver/judge_failed"})
-COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups", "game/informative_groups")
+COUNT_PREFIXES = ("game/filter/", "game/no_question/", "game/excluded/", "game/solver_groups",
+                  "game/informative_groups", "game/proposer_trajs/", "game/valid_questions/")
 summed(*COUNT_KEYS, prefixes=COUNT_PREFIXES)  # the step metrics sum the counts over ranks (utils/metrics.py)
 
 
@@ -64,6 +68,18 @@ def no_question_why(t: Trajectory) -> str | None:
     if t.stop_reason == "max_tokens":
         return "total_cap" if t.cap == "total" else "turn_cap"
     return {"max_turns": "out_of_turns", "eos": "eos"}.get(t.stop_reason, "no_action")
+
+
+def answer_kind(row: Any) -> str:
+    """A proposer row's ANSWER_KINDS kind. Rows carry no kind field: its data_source when that names a kind
+    (dataprep/reading_sets.py writes "name", "fact" and "chain_end" into data/train/proposer_mix.jsonl), else
+    "name" when the row's page title (meta["title"]) is its answer (any alias), as in every row of
+    data/train/proposer.jsonl ({"answer", "search_turns", "data_source": "wiki", "title", "doc_id"}), else "other"."""
+    src = str(getattr(row, "data_source", "") or "")
+    if src in ANSWER_KINDS[:3]:
+        return src
+    title = (getattr(row, "meta", None) or {}).get("title")
+    return "name" if isinstance(title, str) and title.strip() and exact_match(title, row.answer) else "other"
 
 
 def signal_counts(sols: Sequence[Trajectory]) -> dict[str, float]:
@@ -98,6 +114,13 @@ def shares(summed: dict[str, float]) -> dict[str, float]:
     ratio("game/informative_share", "game/informative_groups", "game/solver_groups")
     for src in SOURCES:
         ratio(f"game/informative_share/{src}", f"game/informative_groups/{src}", f"game/solver_groups/{src}")
+    # per proposer slot, the empty ones counted (game/informative_share leaves them out, and counts pool replays):
+    # the fresh questions' informative groups, and the slots that held no solver group at all
+    ratio("game/informative_per_slot", "game/informative_groups/fresh", "game/solver_slots")
+    ratio("game/empty_slot_share", "game/empty_slots", "game/solver_slots")
+    ratio("game/pool_served_mean", "game/pool_servings", "game/pool_fills")
+    for kind in ANSWER_KINDS:
+        ratio(f"game/valid_rate/{kind}", f"game/valid_questions/{kind}", f"game/proposer_trajs/{kind}")
     ratio("solver/acc_fresh", "solver/fresh_correct", "solver/fresh_trajs")
     fresh = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
     summed = {**summed, "game/fresh_questions": sum(summed.get(k, 0.0) for k in fresh)}
@@ -152,7 +175,30 @@ def one_search_answerable(questions: Sequence[str], answers: Sequence[Any], sear
     return [any(contains_answer(str(d.get("contents", "")), a) for d in docs) for docs, a in zip(res, answers)]
 
 
-def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0) -> dict:
+def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_search=None, admitted=0, rows=None,
+                served_counts=()) -> dict:
+    """The round's stats: counts (is_count) and per-rank means; the trainer makes the shares (`shares`).
+
+    served: the pool questions served this round; served_counts: how many times each has been served so far, this
+    round included (play_round keeps the count on the pool's item, key "served"; to_list saves it, but
+    QuestionPool.from_list keeps only what add takes, so a resumed run counts again from 0). rows: the round's
+    proposer rows, for the valid rate per answer kind (each proposer trajectory's row is rows[meta.row]); None
+    leaves the kinds out.
+
+    Slots (inference/pipeline.py): slot i belongs to proposer trajectory i and holds its own question when valid,
+    else a pool question (FillPlan), else nothing. game/solver_slots counts these proposer slots, the empty ones
+    included; game/empty_slots those with no solver group. The fixed QA questions' slots come after and are not in
+    game/solver_slots: each holds a group, counted as game/solver_groups/qa (the QA slots). The other slot counts
+    are signal_counts': game/informative_groups/fresh (informative groups on this round's own fresh questions, the
+    numerator of game/informative_per_slot) and game/solver_groups/pool (pool replays, = game/pool_fills).
+
+    Served pool questions: game/pool_servings sums served_counts (a count: summed over ranks and rounds, so
+    game/pool_served_mean = game/pool_servings / game/pool_fills, made by `shares`, is exact); game/pool_served_max
+    is this rank's largest, only when it served one: the step's value is the mean over the ranks that served
+    of each rank's max over its rounds (training/rounds.py), not the global max.
+
+    Per answer kind k (answer_kind) present this round: game/proposer_trajs/k, game/valid_questions/k and
+    game/filter/k/<reason> (FILTER_REASONS and rag_failed), all counts; `shares` makes game/valid_rate/k."""
     counts = Counter(r for r in reasons if r is not None)
     valid = [t for t, r in zip(props, reasons) if r is None]
     checked = [v for v in verdict.values() if v is not None]
@@ -209,5 +255,22 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
     s["game/pool_served_trajs"] = len(pooled)
     s["game/pool_served_correct"] = sum(float(t.outcome.correct) for t in pooled)
     s["game/pool_admitted"] = admitted   # fresh questions the pool took (game/pool_cleared: the trainer's)
+    s["game/pool_servings"] = sum(served_counts)
+    if served_counts:
+        s["game/pool_served_max"] = max(served_counts)
+    # the proposer slots, and those left empty: an invalid slot the pool had no question for
+    held = {t.group_id for t in sols if t.meta.source != "qa"}
+    s["game/solver_slots"] = len(props)
+    s["game/empty_slots"] = len(props) - len(held)
+    if rows is not None:   # why each kind of answer fails
+        by_kind: dict[str, Counter] = {}
+        kinds = [answer_kind(r) for r in rows]
+        for t, r in zip(props, reasons):
+            by_kind.setdefault(kinds[t.meta.row] if t.meta.row is not None else "other", Counter())[r] += 1
+        for kind, c in by_kind.items():
+            s[f"game/proposer_trajs/{kind}"] = sum(c.values())
+            s[f"game/valid_questions/{kind}"] = c[None]
+            for reason in FILTER_REASONS + ("rag_failed",):
+                s[f"game/filter/{kind}/{reason}"] = c[reason]
     s.update(signal_counts(sols))
     return s

@@ -70,6 +70,7 @@ BY_SOLVER_TRAJS = ("solver/acc", "solver/reward_mean", "solver/spam_rate", "solv
 MEAN_WEIGHT = {**{k: "game/proposer_trajs" for k in BY_PROPOSER_TRAJS}, **{k: "solver" for k in BY_SOLVER_TRAJS},
                "game/rag_pass_rate": "game/rag_checked"}
 LAST = ("game/pool_size", "game/pipelined")
+MAX = ("game/pool_served_max",)   # the most-served pool question of the step's rounds
 SUMMED_PREFIXES = ("judge/",)
 """Per-round differences of the judge's counters: summed over rounds here (the trainer averages them over ranks)."""
 
@@ -77,8 +78,10 @@ SUMMED_PREFIXES = ("judge/",)
 def merge_stats(stats: Sequence[dict], n_solver: Sequence[int]) -> dict:
     """One step's game stats from its rounds' (n_solver: each round's solver trajectories): counts
     (inference.game.is_count) and judge/* summed, means weighted by what they are means over (a round with
-    nothing to average adds nothing), game/pool_size the last round's. A stat none of these names is
-    averaged over the rounds that have it (tests/training/test_rounds.py checks a real round has none)."""
+    nothing to average adds nothing), game/pool_size the last round's, MAX's the largest. A stat none of these
+    names is averaged over the rounds that have it (tests/training/test_rounds.py checks a real round has none).
+    No share is merged: the trainer makes the shares (inference.game.shares: game/informative_per_slot,
+    game/valid_rate/<kind>, ...) from the merged counts once they are summed over ranks, so they hold over rounds."""
     out: dict = {}
     for k in dict.fromkeys(k for s in stats for k in s):
         have = [(s, n) for s, n in zip(stats, n_solver) if k in s]
@@ -86,6 +89,8 @@ def merge_stats(stats: Sequence[dict], n_solver: Sequence[int]) -> dict:
             out[k] = sum(s[k] for s, _ in have)
         elif k in LAST:
             out[k] = have[-1][0][k]
+        elif k in MAX:
+            out[k] = max(s[k] for s, _ in have)
         elif k in MEAN_WEIGHT:
             w = [float(n if MEAN_WEIGHT[k] == "solver" else s.get(MEAN_WEIGHT[k], 0.0)) for s, n in have]
             out[k] = sum(wi * s[k] for wi, (s, _) in zip(w, have)) / sum(w) if sum(w) else 0.0

@@ -54,6 +54,9 @@ STAT_KEYS = {
     "game/pool_repeats", "game/pool_served_trajs", "game/pool_served_correct", "game/pool_admitted",
     "game/solver_groups", "game/pipelined",
     "game/informative_groups", *(f"game/{k}/{src}" for k in ("solver_groups", "informative_groups") for src in SOURCES),
+    # issue 41: the round per slot; these rows carry no title, so their answer kind is "other"
+    "game/solver_slots", "game/empty_slots", "game/pool_servings", "game/proposer_trajs/other",
+    "game/valid_questions/other", *(f"game/filter/other/{r}" for r in FILTER_REASONS + ("rag_failed",)),
 }
 SEED_POOL = [
     {"question": "What is the capital of Algeria?", "answer": ["Algiers"]},
@@ -104,7 +107,7 @@ def test_full_round_tiny_model(vllm_engine, bm25):
 
     n_valid = sum(t.outcome.valid for t in props)
     s = res.stats
-    assert set(s) == STAT_KEYS
+    assert set(s) == STAT_KEYS | ({"game/pool_served_max"} if s["game/pool_fills"] else set())
     assert s["game/valid_rate"] == n_valid / 4
     assert sum(s[f"game/filter/{r}"] for r in FILTER_REASONS + ("rag_failed",)) == 4 - n_valid
     assert s["game/pool_fills"] == 4 - n_valid          # every invalid slot got a pool question

@@ -8,10 +8,11 @@ import random
 
 import pytest
 
+from inference.data import ProposerRow
 from inference.engine_api import GenOutput
 from inference.game import (COUNT_KEYS, GameConfig, answer_in_text, is_count, no_question_why, one_search_answerable,
                             shares, signal_counts, validate)
-from inference.game_metrics import round_stats
+from inference.game_metrics import answer_kind, round_stats
 from inference.judge import Judge
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
 from inference.trajectory import GameMeta, Outcome, Trajectory
@@ -162,3 +163,59 @@ def test_a_rollout_record_is_json_and_says_why(tmp_path):
     assert a["titles"] == [["Paris"], ["1900 Summer Olympics"]] and a["queries"] == ["Paris city", "Olympics 1900"]
     assert (b["role"], b["source"], b["correct"], b["pred"], b["reward"], b["no_question"]) == \
         ("solver", "proposer", True, "Paris", 1.0, None)
+
+
+# Issue 41 §2, the game per slot: 4 proposer slots (slot i is proposer trajectory i's, inference/pipeline.py).
+# Slot 0: its own valid question, informative; slot 1: invalid, a pool replay, informative; slots 2, 3: invalid and
+# the pool had nothing left, so no solver group at all. A fixed QA question takes a slot of its own after them.
+HAND_ROWS = [ProposerRow("Paris", 2, "wiki", {"title": "Paris", "doc_id": "1"}),           # name: title = answer
+             ProposerRow(["Eiffel Tower", "Tour Eiffel"], 2, "wiki", {"title": "Tour Eiffel"}),  # name, by an alias
+             ProposerRow("1889", 2, "fact"),                                                  # fact: its data_source
+             ProposerRow("Seine", 2, "wiki", {"title": "Paris"})]                            # neither: other
+HAND_REASONS = [None, "too_short", "no_question", "rag_failed"]
+
+
+def hand_round(served: int = 3) -> dict:
+    """The round above; `served`: how many times its one pool question has been served so far."""
+    props = [prop(Q, "Paris", row=0), prop("Short?", row=1), prop("", stop="max_turns", row=2), prop(Q, row=3)]
+    sols = ([sol("s0-q0", c, proposer=0) for c in (1, 0)] + [sol("s0-q1", c, source="pool") for c in (0, 1)]
+            + [sol("s0-q4", 1, source="qa") for _ in range(2)])
+    return round_stats(props, sols, HAND_REASONS, {0: True, 3: False}, 1, None, ["What is X?"], rows=HAND_ROWS,
+                       served_counts=[served])
+
+
+def test_the_game_per_slot_counts_the_empty_slots_and_reads_fresh_signal_per_slot():
+    st = hand_round()
+    assert (st["game/solver_slots"], st["game/empty_slots"]) == (4, 2)            # the QA slot is not a proposer slot
+    assert st["game/solver_groups/qa"] == 1                                         # ... it is counted here
+    assert st["game/informative_groups/fresh"] == 1 and st["game/solver_groups/pool"] == st["game/pool_fills"] == 1
+    assert (st["game/pool_servings"], st["game/pool_served_max"]) == (3, 3)
+    sh = shares(st)
+    assert sh["game/informative_per_slot"] == 0.25                                  # 1 fresh informative of 4 slots
+    assert sh["game/empty_slot_share"] == 0.5
+    assert sh["game/informative_share"] == pytest.approx(2 / 3)    # the old share: replays in, empty slots out
+    assert sh["game/pool_served_mean"] == 3.0
+    assert all(is_count(k) for k in ("game/solver_slots", "game/empty_slots", "game/pool_servings"))
+    assert not is_count("game/pool_served_max")                                    # a per-rank max: averaged over ranks
+    # a round that served no pool question has no max to report (a mean over ranks must not read a 0 there)
+    props = [prop(Q, "Paris", row=0)]
+    none = round_stats(props, [sol("s0-q0", 1)], [None], {0: True}, 0, None)
+    assert "game/pool_served_max" not in none and none["game/pool_servings"] == 0 and none["game/empty_slots"] == 0
+
+
+def test_the_valid_rate_and_why_each_answer_kind_fails():
+    assert [answer_kind(r) for r in HAND_ROWS] == ["name", "name", "fact", "other"]
+    assert answer_kind(ProposerRow("Mount Fuji", 3, "chain_end")) == "chain_end"
+    assert answer_kind(ProposerRow("Mount Fuji", 3)) == "other"                   # nothing says what it is
+    st = hand_round()
+    def kind(k: str, reason: str) -> tuple:
+        return st[f"game/proposer_trajs/{k}"], st[f"game/valid_questions/{k}"], st[f"game/filter/{k}/{reason}"]
+    assert kind("name", "too_short") == (2, 1, 1) and kind("fact", "no_question") == (1, 0, 1)
+    assert (st["game/proposer_trajs/other"], st["game/filter/other/rag_failed"]) == (1, 1)
+    assert "game/proposer_trajs/chain_end" not in st                              # a kind the round never drew
+    assert sum(v for k, v in st.items() if k.startswith("game/filter/name/")) == 1
+    assert st["game/filter/too_short"] == 1                                        # the totals stay what they were
+    sh = shares(st)
+    assert (sh["game/valid_rate/name"], sh["game/valid_rate/fact"], sh["game/valid_rate/other"]) == (0.5, 0.0, 0.0)
+    assert "game/valid_rate/chain_end" not in sh
+    assert all(is_count(k) for k in st if k.startswith(("game/proposer_trajs/", "game/valid_questions/")))

@@ -21,7 +21,7 @@ from inference.game import GameResult, is_count
 from inference.rollout import RolloutConfig
 from inference.trajectory import Trajectory
 from training.config import Config
-from training.rounds import (LAST, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUMMED_PREFIXES, merge_rounds, merge_stats,
+from training.rounds import (LAST, MAX, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUMMED_PREFIXES, merge_rounds, merge_stats,
                              play_rounds)
 # imported before any test patches utils.dist: utils.logging binds utils.dist.is_main when first imported
 from training.trainer import SSPTrainer
@@ -150,6 +150,24 @@ def test_merge_stats_sums_counts_and_weights_means():
     assert merge_stats([{"solver/acc": 0.0}], [0]) == {"solver/acc": 0.0}
 
 
+def test_the_game_per_slot_holds_over_the_rounds_of_a_step():
+    """Issue 41 §2: two rounds of tests/inference/test_game_metrics.py's hand round (4 proposer slots: 1 fresh
+    informative, 1 pool replay, 2 empty; its pool question served 3, then 4 times): the counts sum, and the shares
+    the trainer makes from them read as one round's."""
+    from inference.game import shares
+    from tests.inference.test_game_metrics import hand_round
+
+    m = merge_stats([hand_round(served=3), hand_round(served=4)], n_solver=[6, 6])
+    assert (m["game/solver_slots"], m["game/empty_slots"], m["game/informative_groups/fresh"]) == (8, 4, 2)
+    assert (m["game/pool_servings"], m["game/pool_served_max"]) == (7, 4)        # the max over the rounds
+    sh = shares(m)
+    assert sh["game/informative_per_slot"] == 0.25 and sh["game/empty_slot_share"] == 0.5
+    assert sh["game/pool_served_mean"] == 3.5 and sh["game/valid_rate/name"] == 0.5
+    unnamed = {k for k in m if not (is_count(k) or k in MEAN_WEIGHT or k in LAST or k in MAX
+                                    or k.startswith(SUMMED_PREFIXES))}
+    assert not unnamed, sorted(unnamed)
+
+
 class Scripted:
     """Both roles from a script: the proposer searches twice and asks one question, the solver answers."""
 
@@ -194,7 +212,8 @@ def test_refill_rounds_get_their_own_group_ids_and_every_stat_merges_by_name(smo
     assert {t.group_id for t in r1.trajectories} == {"s7r1-p0", "s7r1-q0", "s7r1-q1"}
     game = merge_rounds([r0, r1])
     assert [t.role for t in game.trajectories] == ["proposer"] * 4 + ["solver"] * 8
-    unnamed = {k for k in r0.stats if not (is_count(k) or k in MEAN_WEIGHT or k in LAST or k.startswith(SUMMED_PREFIXES))}
+    unnamed = {k for k in r0.stats if not (is_count(k) or k in MEAN_WEIGHT or k in LAST or k in MAX
+                                           or k.startswith(SUMMED_PREFIXES))}
     assert not unnamed, f"merge_stats would average these over rounds unweighted; name them: {sorted(unnamed)}"
     assert game.stats["game/proposer_trajs"] == 4 and game.stats["game/valid_questions"] == 4
     assert game.stats["solver/acc"] == 1.0 and game.stats["game/rounds"] == 2

@@ -128,3 +128,25 @@ def test_a_rank_without_loss_tokens_leaves_no_nan(two_ranks):
     assert all(v == v for v in got.values()), got                  # no NaN anywhere
     assert got["actor/clipfrac_high"] == pytest.approx(0.2) and got["critic/vf_clipfrac"] == pytest.approx(0.4)
     assert got["actor/ratio_max"] == 1.5
+
+
+def test_the_game_per_slot_is_read_off_counts_summed_over_two_ranks(two_ranks):
+    """Issue 41 §2: rank 0 plays tests/inference/test_game_metrics.py's hand round (4 proposer slots: 1 fresh
+    informative, 1 pool replay, 2 empty), rank 1 the same with its pool question served 5 times: the trainer's
+    shares, made from the summed counts, read as one round's (not a mean of per-rank shares)."""
+    from inference.game import shares
+    from tests.inference.test_game_metrics import hand_round
+
+    per_rank = [hand_round(served=3), hand_round(served=5)]
+    per_rank[1]["game/solver_slots"] += 4                     # rank 1 also had 4 more slots, all empty
+    per_rank[1]["game/empty_slots"] += 4
+    got = two_ranks.run(lambda r: M.reduce_over_ranks({k: float(v) for k, v in per_rank[r].items()}))[0]
+    assert (got["game/solver_slots"], got["game/empty_slots"], got["game/informative_groups/fresh"]) == (12, 8, 2)
+    assert got["game/pool_served_max"] == 4.0                 # per-rank maxes 3 and 5: their mean over ranks
+    sh = shares(got)
+    assert sh["game/informative_per_slot"] == pytest.approx(2 / 12)   # the mean of per-rank shares would say 3/16
+    assert sh["game/empty_slot_share"] == pytest.approx(8 / 12)
+    assert sh["game/pool_served_mean"] == 4.0                 # (3 + 5) servings over 2 served questions
+    assert sh["game/valid_rate/name"] == 0.5
+    one = two_ranks.run(lambda r: M.reduce_over_ranks({k: float(v) for k, v in hand_round().items()}))[0]
+    assert shares(one)["game/informative_per_slot"] == 0.25 and one["game/empty_slots"] == 4
