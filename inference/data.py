@@ -346,6 +346,42 @@ def mix_search_turns(rows: list[ProposerRow], start: int, spec: str, seed: int, 
             for i, r in enumerate(rows)]
 
 
+PROPOSER_SEEDS = ("answers", "articles")
+"""Where proposer rows come from: a file of given answers (SSP), or random articles of the corpus (Dr. Zero)."""
+ARTICLE_STREAM = 0xA271C1E  # keeps these draws apart from the search-count stream seeded by (seed, position)
+ARTICLE_ROWS = 1 << 17      # rows per epoch: bounds the trainer's per-epoch permutation, not the corpus
+
+
+class ArticleRows:
+    """Proposer rows drawn from a corpus (Dr. Zero's seeding): row k's answer is the title of a document drawn
+    uniformly by a generator seeded with (seed, k), so every rank and a resumed run read the same row k; the trainer
+    reads these rows as it reads a file's (a permutation per epoch, its cursor in the checkpoint). docs: anything
+    with len() and get(i) -> {"id", "contents": "Title\\ntext"} (retrieval.corpus.DocStore)."""
+
+    def __init__(self, docs: Any, seed: int, search_turns: int, size: int = ARTICLE_ROWS):
+        self.docs, self.seed, self.search_turns = docs, seed, search_turns
+        self.size = min(size, len(docs))
+        if not self.size:
+            raise RowError("--proposer_seed articles: the corpus holds no documents")
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, k: int) -> ProposerRow:
+        import numpy as np
+
+        if not 0 <= k < self.size:
+            raise IndexError(k)
+        rng = np.random.default_rng([self.seed & (2**64 - 1), int(k), ARTICLE_STREAM])
+        for _ in range(64):  # an untitled document gives no answer: draw again
+            d = self.docs.get(int(rng.integers(len(self.docs))))
+            title, sep, _ = str(d["contents"]).partition("\n")
+            title = title.strip().strip('"').strip()   # wiki-18 quotes its titles
+            if sep and title:
+                return ProposerRow(title, self.search_turns, "articles", {"doc_id": str(d["id"])})
+        raise RowError(f"--proposer_seed articles: 64 documents drawn for row {k} had no title line ('Title\\ntext')")
+
+
 QUESTION_KEYS = ("question", "extra_info.question", "problem")
 GOLDEN_KEYS = ("golden_answers", "reward_model.ground_truth", "answer", "answers", "ground_truth")
 

@@ -11,6 +11,12 @@ are refused. The checks run in a fixed order and the first failure wins:
   answer_in_question a golden answer (any alias) occurs in the question, as whole normalised words
   too_few_searches   fewer distinct non-empty search queries than required
   empty_retrieval    the searches returned no text at all
+  shortcut_queries   a proposer query holds the answer (--shortcut_filter queries|both; SSP's search-terms filter)
+  shortcut_title     searching the question returns the answer's page first (--shortcut_filter title|both;
+                     decided after a search of the question, inference/rag_check.py)
+
+A shortcut question scores its proposer 0 (SHORTCUT_REASONS), not the format penalty: it is well formed, only too
+easy to count as a search question.
 """
 
 from __future__ import annotations
@@ -22,8 +28,11 @@ from utils.text import Golden, contains_answer, normalize_answer
 
 FILTER_REASONS = (
     "no_question", "too_short", "too_long", "too_few_words",
-    "answer_in_question", "too_few_searches", "empty_retrieval",
+    "answer_in_question", "too_few_searches", "empty_retrieval", "shortcut_queries", "shortcut_title",
 )
+SHORTCUT_REASONS = ("shortcut_queries", "shortcut_title")
+"""Refusals that score the proposer 0, never the format penalty (inference/game.score)."""
+SHORTCUT_FILTERS = ("off", "title", "queries", "both")
 
 
 @dataclass
@@ -39,6 +48,8 @@ class FilterConfig:
     a lookup). With `searches_at_least_n` the prompt's n is required if larger."""
     searches_at_least_n: bool = False
     """Require at least the n searches the proposer prompt asked for (the SSP paper's intent)."""
+    shortcut_queries: bool = False
+    """Refuse a question whose proposer searched for its answer (shortcut_queries)."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.min_chars <= self.max_chars:
@@ -98,4 +109,6 @@ def check_question(
         return "too_few_searches"
     if not retrieved_text(docs):
         return "empty_retrieval"
+    if cfg.shortcut_queries and any(contains_answer(str(q or ""), answer) for q in queries):
+        return "shortcut_queries"
     return None

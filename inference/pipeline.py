@@ -29,7 +29,8 @@ from inference.data import ProposerRow
 from inference.filters import check_question
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_proposer_prompt, build_solver_prompt
-from inference.rag_check import pick_distractors, rag_graded, rag_reply, rag_request, rag_sampling
+from inference.rag_check import (both, pick_distractors, rag_graded, rag_reader, rag_reply, rag_request, rag_sampling,
+                                 search_questions, searched_verdict)
 from inference.rewards import extract_answer
 from inference.rollout import RolloutBatch, RolloutConfig, RolloutRequest, new_state, to_trajectory, token_limit
 from inference.self_search import build_self_search_prompt
@@ -131,8 +132,9 @@ class RoundPipeline:
 
     def __init__(self, engine: Any, judge: Judge, cfg: Any, prop_search: Any, solver_search: Any,
                  prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
-                 rng_for: Callable[[int], Any]):
+                 rng_for: Callable[[int], Any], q_search: Any = None):
         self.engine, self.judge, self.cfg, self.tag, self.plan, self.rng_for = engine, judge, cfg, tag, plan, rng_for
+        self.q_search = q_search   # the question checks' search (game.question_searcher); None: none searches
         self.sol_rcfg = sol_rcfg
         self.tok = engine.tokenizer
         self.loop = StepLoop(engine, sol_rcfg.max_inflight, sol_rcfg.search_workers)
@@ -146,6 +148,7 @@ class RoundPipeline:
         self.reasons: list[str | None] = []
         self.decided: list[bool] = []
         self.verdict: dict[int, bool | None] = {}
+        self.pre: dict[int, bool | None] = {}   # the retrieval verdict of a candidate waiting for its reader
         self.rag_waiting: list[int] = []
         self.rag_asks: list[tuple[int, list[dict]]] = []     # judge verifier: (candidate, chat) to send
         self.rag_items: list[tuple[int, JudgeItem]] = []     # judge verifier: (candidate, its answer) to grade
@@ -192,11 +195,22 @@ class RoundPipeline:
         t = self.props[i] = to_trajectory(s, self.tok)
         q = t.question if t.stop_reason == "question" else None
         why = check_question(q, t.answer, t.queries, t.docs, t.meta.search_turns, self.cfg.filter_config())
-        if why is not None or self.cfg.rag_verify == "off":
-            if why is None:
-                self.verdict[i] = True
-            self._decide(i, why)
+        if why is None and self.q_search is not None:   # one search of the question, on the first rank
+            topk = self.sol_rcfg.topk
+            self.loop.call(lambda: search_questions([t.question], [t.answer], self.q_search, topk),
+                           lambda got: self._searched(i, *searched_verdict(t, got[0] if got else None, self.cfg)))
+            self._try_rag()   # this trajectory may be the distractor others wait for
         else:
+            self._searched(i, why, True)
+
+    def _searched(self, i: int, why: str | None, found: bool | None) -> None:
+        """After the filters and the question's own search (found: its retrieval verdict): decided, or to the reader."""
+        if why is not None or found is False or rag_reader(self.cfg.rag_verify) is None:
+            if why is None:
+                self.verdict[i] = found
+            self._decide(i, why if why is not None else ("rag_failed" if found is False else None))
+        else:
+            self.pre[i] = found
             self.rag_waiting.append(i)
         self._try_rag()
 
@@ -210,7 +224,7 @@ class RoundPipeline:
             self.rag_waiting.remove(i)
             ask = rag_request(i, picked, self.props, self.tok, self.cfg, rng, self.sol_rcfg.max_info_tokens,
                               self.rag_limit)
-            if self.cfg.rag_verify == "policy":
+            if rag_reader(self.cfg.rag_verify) == "policy":
                 self.loop.generate(ask, rag_sampling(self.cfg), lambda out, i=i: self._rag_reply(i, out.text))
             else:
                 self.rag_asks.append((i, ask))   # sent with the others ready in this pass (_rag_send)
@@ -254,7 +268,7 @@ class RoundPipeline:
             self._rag_reply(i, reply)
 
     def _rag_verdict(self, i: int, v: bool | None) -> None:
-        self.verdict[i] = v
+        v = self.verdict[i] = both(self.pre.get(i, True), v)
         self._decide(i, "rag_failed" if v is False else None)
 
     def _decide(self, i: int, why: str | None) -> None:

@@ -3,20 +3,34 @@ returned, shuffled with other trajectories' as distractors? SSP asks a judge LLM
 GameConfig.rag_max_doc_chars); the policy verifier instead reads the solver's own prompt with search turns that
 return exactly what the proposer's searches showed, cut to --max_info_tokens as a rollout cuts them (solver_view),
 so it sees no more than a solver that searched well would (issue 31). inference/game.py's validate() calls
-rag_check on the questions the cheap filters let through."""
+check_questions on the questions the cheap filters let through.
+
+A small policy can neither be trusted to pass nor to refuse (issue 41: the 135M verifier refused 40-47% of rollouts),
+so the retrieval check asks no model: a question is answerable when one search of the question itself, with the
+solver's back-end and topk, returns a document holding the answer (Dr. Zero's rule). The same search decides the
+shortcut_title refusal; both schedules make it on the lockstep group's first rank, once per question."""
 
 from __future__ import annotations
 
+import logging
 import random
 from typing import Any, Callable, Protocol, Sequence
 
 from inference.engine_api import SamplingConfig, TokenGenerator
+from inference.game_metrics import one_search_answerable
 from inference.judge import Judge, JudgeItem
-from inference.prompts import build_solver_prompt, format_docs
+from inference.prompts import build_solver_prompt, doc_title, format_docs
 from inference.rewards import extract_answer
 from inference.rollout import info_block_tokens
+from inference.step_loop import first_rank_value
 from inference.trajectory import Trajectory
 from utils.text import exact_match
+
+log = logging.getLogger(__name__)
+
+RAG_VERIFIERS = ("judge", "policy", "off", "retrieval", "policy+retrieval")
+"""Who checks that a question is answerable: an LLM reading the proposer's documents (judge, policy), one search of
+the question (retrieval: the answer must be in what it returns), both (policy+retrieval), or nobody (off)."""
 
 
 class RagSettings(Protocol):
@@ -28,6 +42,63 @@ class RagSettings(Protocol):
     rag_max_context_chars: int
     rag_max_tokens: int
     template: str
+    shortcut_filter: str
+
+QUESTION_SEARCH_NEEDS = ("--rag_verify retrieval|policy+retrieval and --shortcut_filter title|both search each "
+                         "question with the solver's back-end: they need --solver_search retriever (a simulated search "
+                         "writes its documents for the policy and says nothing about what a search finds; self and "
+                         "none have no back-end)")
+
+
+def rag_reader(rag_verify: str) -> str | None:
+    """The LLM that answers the question from the proposer's documents: "policy", "judge", or None (no LLM)."""
+    return {"policy": "policy", "policy+retrieval": "policy", "judge": "judge"}.get(rag_verify)
+
+
+def uses_retrieval(rag_verify: str) -> bool:
+    return rag_verify in ("retrieval", "policy+retrieval")
+
+
+def needs_question_search(cfg: RagSettings) -> bool:
+    """Whether a check searches the question itself: the retrieval verdict, or the shortcut_title refusal."""
+    return uses_retrieval(cfg.rag_verify) or cfg.shortcut_filter in ("title", "both")
+
+
+def both(a: bool | None, b: bool | None) -> bool | None:
+    """Two verdicts joined: False if either refuses, else None (undecided) if either is, else True."""
+    return False if (a is False or b is False) else (None if (a is None or b is None) else True)
+
+
+def search_questions(questions: Sequence[str], answers: Sequence[Any], search: Any,
+                     topk: int) -> list[tuple[bool, list[dict]]] | None:
+    """One search of each question itself: per question, (the answer is in a returned document's title or text,
+    the documents). None when the search failed: the checks then decide nothing."""
+    got: list = []
+
+    def keep(qs: list[str], k: int) -> list[list[dict]]:
+        try:
+            got.append(search(qs, k))
+        except Exception as e:  # noqa: BLE001 - a failed check passes undecided; the round goes on
+            log.warning("question check: search failed (%s: %s); its questions pass undecided", type(e).__name__, e)
+            got.append(None)
+        return got[-1] or [[] for _ in qs]
+
+    found = one_search_answerable(questions, answers, keep, topk)
+    if found is None or not got or got[0] is None or len(got[0]) != len(questions):
+        return None   # failed, or results that cannot be paired with their questions
+    return list(zip(found, got[0]))
+
+
+def searched_verdict(t: Trajectory, got: tuple[bool, list[dict]] | None,
+                     cfg: RagSettings) -> tuple[str | None, bool | None]:
+    """What a question's own search decides: the shortcut_title refusal (else None), and the retrieval verdict
+    (True when --rag_verify reads no retrieval; None when the search failed)."""
+    docs = got[1] if got is not None else []
+    title = cfg.shortcut_filter in ("title", "both") and bool(docs) and bool(exact_match(doc_title(docs[0]), t.answer))
+    if not uses_retrieval(cfg.rag_verify):
+        return ("shortcut_title" if title else None), True
+    return ("shortcut_title" if title else None), (None if got is None else bool(got[0]))
+
 
 RAG_INSTRUCTION = (
     "Answer the question using only the documents below. Give just the short answer inside "
@@ -144,7 +215,7 @@ def rag_request(i: int, picked: list[int], props: Sequence[Trajectory], tok: Any
                 rng: random.Random, max_info_tokens: int, limit: int) -> list[int] | list[dict]:
     """What candidate i's verifier reads: the policy's prompt ids (solver_view), or the judge's chat messages."""
     t = props[i]
-    if cfg.rag_verify == "policy":
+    if rag_reader(cfg.rag_verify) == "policy":
         return solver_view(tok, t.question, _searches(t), [s for j in picked for s in _searches(props[j])],
                            cfg.template, max_info_tokens, limit, rng)
     text = rag_prompt(t.question, _flat_docs(t.docs), [d for j in picked for d in _flat_docs(props[j].docs)], cfg, rng)
@@ -198,7 +269,7 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
         rng = rng_for(i)
         asks.append(rag_request(i, pick_distractors(i, props, cfg.rag_distractors, rng), props, tok, cfg, rng,
                                 max_info_tokens, limit))
-    if cfg.rag_verify == "policy":
+    if rag_reader(cfg.rag_verify) == "policy":
         replies: list[str | None] = [o.text for o in engine.generate(asks, rag_sampling(cfg))]
     else:
         replies = judge.chat_many(asks, max_tokens=cfg.rag_max_tokens)
@@ -220,3 +291,27 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
     for (i, _), res in zip(ask, results):
         verdict[i] = rag_graded(res)
     return verdict
+
+
+def check_questions(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: RagSettings,
+                    rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int, search: Any,
+                    topk: int) -> tuple[dict[int, str], dict[int, bool | None]]:
+    """The checks after the cheap filters, every candidate at once (the staged round; the pipeline makes the same
+    per candidate): one search of each question (shortcut_title, the retrieval verdict) on the lockstep group's
+    first rank, then the reader (policy or judge) on those it neither refused nor failed. Returns the refusals'
+    reasons and the verdicts of the candidates not refused as shortcuts. search: game.question_searcher's."""
+    pre = {i: True for i in candidates}
+    refused: dict[int, str] = {}
+    if search is not None and candidates:
+        got = first_rank_value(engine, lambda: search_questions(
+            [props[i].question for i in candidates], [props[i].answer for i in candidates], search, topk))
+        for k, i in enumerate(candidates):
+            why, pre[i] = searched_verdict(props[i], None if got is None else got[k], cfg)
+            if why is not None:
+                refused[i] = why
+                del pre[i]
+    asked = [i for i in pre if pre[i] is not False]
+    read = rag_check(asked, props, engine, judge, cfg, rng_for, max_info_tokens) if rag_reader(cfg.rag_verify) else {}
+    verdict = {i: both(v, read.get(i, True)) for i, v in pre.items()}
+    refused.update({i: "rag_failed" for i, v in verdict.items() if v is False})
+    return refused, verdict

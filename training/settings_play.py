@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inference.engine_api import MAX_MODEL_LEN  # light: these modules import no torch, vLLM or transformers
+from inference.data import PROPOSER_SEEDS
+from inference.filters import SHORTCUT_FILTERS
 from inference.game import RAG_VERIFIERS, GameConfig
 from inference.prompts import TEMPLATES
 from inference.rewards import PROPOSER_REWARD_KINDS
@@ -160,14 +162,29 @@ class SelfPlayArgs:
     proposer_reward: str = F(GameConfig.proposer_reward,
                              "proposer reward over its question's solver group: 1-acc (SSP: harder is better) or "
                              "4s(1-s) (peaks at 50%, 0 for a question nobody answers). auto = 1-acc when a RAG "
-                             "check (--rag_verify judge|policy) rejects unanswerable questions, else 4s(1-s): "
+                             "check (--rag_verify other than off) rejects unanswerable questions, else 4s(1-s): "
                              "without the check 1-acc pays most for a question that is wrong",
                              choices=("auto", *PROPOSER_REWARD_KINDS))
     format_penalty: float = F(GameConfig.format_penalty, "proposer reward for an invalid question; below every "
                                                           "valid reward (>= 0)")
     rag_verify: str = F(GameConfig.rag_verify, "RAG check of each question: answered from its own docs + "
                                                  "distractors by the judge (SSP's; needs --judge llm), the policy, or "
-                                                 "skipped", choices=RAG_VERIFIERS)
+                                                 "skipped (off); retrieval: no model, one search of the question with "
+                                                 "the solver's back-end and --topk must return a document holding the "
+                                                 "answer (Dr. Zero's rule; needs --solver_search retriever); "
+                                                 "policy+retrieval: both must pass", choices=RAG_VERIFIERS)
+    shortcut_filter: str = F(GameConfig.shortcut_filter, "refuse shortcut questions with proposer reward 0 (not "
+                                                         "--format_penalty): title = the question's own top-1 search "
+                                                         "result is the answer's page (one search of the question, "
+                                                         "shared with --rag_verify retrieval; needs --solver_search "
+                                                         "retriever), queries = a proposer search query holds the "
+                                                         "answer (SSP's search-terms filter), both, or off",
+                             choices=SHORTCUT_FILTERS)
+    proposer_seed: str = F("answers", "where proposer rows come from: answers = --train_data's rows (SSP's given "
+                                      "answer); articles = a random document of --index's corpus per row, its title "
+                                      "the answer (Dr. Zero), drawn by --seed and the row's position so every rank "
+                                      "and a resume draw the same rows; n = --search_turns_mix or --min_searches. "
+                                      "--train_data is then not read", choices=PROPOSER_SEEDS)
     rag_distractors: int = F(GameConfig.rag_distractors, "k: distractor document sets shuffled into the RAG check "
                                                          "(dropped first when the documents are over budget)")
     min_searches: int = F(GameConfig.min_searches, "questions from proposer trajectories with fewer distinct "
@@ -222,6 +239,11 @@ class SelfPlayArgs:
             errs.append(f"--proposer_n and --solver_n must both be >= 1 (got {self.proposer_n}, {self.solver_n})")
         if self.rag_verify == "judge" and self.judge != "llm":
             errs.append("--rag_verify judge needs --judge llm and a --judge_url")
+        for flag, value, allowed in (("rag_verify", self.rag_verify, RAG_VERIFIERS),
+                                     ("shortcut_filter", self.shortcut_filter, SHORTCUT_FILTERS),
+                                     ("proposer_seed", self.proposer_seed, PROPOSER_SEEDS)):
+            if value not in allowed:
+                errs.append(f"--{flag} must be one of {', '.join(allowed)}, got {value!r}")
         if self.judge == "llm" and not self.judge_url:
             errs.append("--judge llm needs --judge_url (an OpenAI-compatible server, e.g. scripts/start_judge.sh)")
         errs += self.role_errors() + self.data_errors() + self.pool_errors()
@@ -257,7 +279,7 @@ class SelfPlayArgs:
             errs.append("--qa_mix_fraction needs --qa_data")
         if self.qa_data and not Path(self.qa_data).exists():
             errs.append(f"--qa_data {self.qa_data} does not exist")
-        if self.self_play_enable and not Path(self.train_data).exists():
+        if self.self_play_enable and self.proposer_seed == "answers" and not Path(self.train_data).exists():
             errs.append(f"--train_data {self.train_data} does not exist (run `python scripts/prepare_data.py`)")
         return errs
 

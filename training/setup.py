@@ -20,13 +20,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from inference.data import clamp_search_turns
+from inference.data import ArticleRows, clamp_search_turns
 from inference.engine_api import RolloutEngine
 from inference.engines import VLLMEngine
 from inference.game import SEED_STEP, GameConfig, QuestionPool
 from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.rollout import RolloutConfig
+from retrieval.corpus import DocStore
 from training.config import AUTO_PROMPTS_PER_GROUP, Config, resolve_defaults, validate_args
 from training.launch_env import demo_defaults_in_use, node_count
 from utils import dist as D
@@ -115,7 +116,7 @@ def game_config(cfg: Config, dp_rank: int) -> GameConfig:
         proposer_n=sp.proposer_n, solver_n=sp.solver_n, template=cfg.model.template,
         min_searches=sp.min_searches, min_question_words=sp.min_question_words,
         searches_at_least_n=sp.searches_at_least_n,
-        rag_verify=sp.rag_verify, rag_distractors=sp.rag_distractors,
+        rag_verify=sp.rag_verify, rag_distractors=sp.rag_distractors, shortcut_filter=sp.shortcut_filter,
         use_pool=sp.use_pool, pool_size=sp.pool_size, pool_min_solve_rate=sp.pool_min_solve_rate,
         pool_max_solve_rate=sp.pool_max_solve_rate, pool_clear_every=sp.pool_clear_every,
         proposer_reward=sp.proposer_reward, format_penalty=sp.format_penalty,
@@ -140,8 +141,12 @@ def seeded_pool(cfg: Config, rows, dp_rank: int) -> QuestionPool:
 
 
 def training_rows(cfg: Config, rows: list) -> list:
-    """--train_data's proposer rows, their search counts clamped into [--min_searches, --max_turns - 1]."""
+    """--train_data's proposer rows, their search counts clamped into [--min_searches, --max_turns - 1]; with
+    --proposer_seed articles, rows drawn from --index's documents instead (n = --min_searches, at least 1, until
+    --search_turns_mix redraws it)."""
     sp, hi = cfg.selfplay, cfg.rollout.max_turns - 1
+    if sp.proposer_seed == "articles":
+        return ArticleRows(DocStore(cfg.search.index), cfg.optimisation.seed, min(max(sp.min_searches, 1), hi))
     moved = clamp_search_turns(rows, sp.min_searches, hi)
     if moved:
         print0(f"--train_data: {moved} of {len(rows)} rows ask for a search count outside "

@@ -8,6 +8,7 @@ defaults (training/launch_env.py). Takes a training.config.Config but imports no
 from __future__ import annotations
 
 from dataclasses import fields
+from pathlib import Path
 
 from inference.rollout import ROLLOUT_FLAGS, rollout_flag_errors
 from training.critic_config import critic_errors, needs_critic
@@ -78,6 +79,17 @@ def cross_group_errors(cfg, world_size: int | None = None) -> list[str]:
     if o.micro_token_budget < r.max_total_tokens:
         errs.append(f"--micro_token_budget {o.micro_token_budget} is smaller than one trajectory can be "
                     f"(--max_total_tokens {r.max_total_tokens}); packing could not place it")
+    searching = ([f"--rag_verify {sp.rag_verify}"] if sp.rag_verify in ("retrieval", "policy+retrieval") else []) + \
+        ([f"--shortcut_filter {sp.shortcut_filter}"] if sp.shortcut_filter in ("title", "both") else [])
+    if searching and sp.self_play_enable and cfg.search.solver_search != "retriever":
+        errs.append(f"{' and '.join(searching)} search each question with "
+                    f"the solver's back-end, but --solver_search is {cfg.search.solver_search}: a simulated search "
+                    f"writes its documents for the policy (they say nothing about what a search finds), self and none "
+                    f"have none; use --solver_search retriever")
+    if sp.proposer_seed == "articles" and not (Path(cfg.search.index) / "docs.arrow").exists():
+        errs.append(f"--proposer_seed articles draws answers from --index's documents, but "
+                    f"{cfg.search.index}/docs.arrow does not exist (also needed with --retriever_url): build the index "
+                    f"or point --index at it")
     if sp.self_play_enable and sp.min_searches > r.max_turns - 1:
         errs.append(f"--min_searches {sp.min_searches} needs --max_turns >= {sp.min_searches + 1} (got {r.max_turns}): "
                     f"the proposer searches that many times and then needs one more turn to write the question")

@@ -91,3 +91,16 @@ def test_answer_that_is_not_the_first_searchs_doc1_title_passes():
     cfg = FilterConfig(min_searches=2)
     assert check_question(q, "242 million", ["Abuja", "Nigeria"], docs, 2, cfg) is None
     assert check_question(q, "242 million", ["Abuja", "Abuja"], docs, 2, cfg) == "too_few_searches"
+
+
+def test_shortcut_queries_refuses_a_proposer_that_searched_for_its_answer():
+    """--shortcut_filter queries|both (SSP's search-terms filter): any query holding the answer (any alias, whole
+    normalised words) refuses the question, after every other check; off by default."""
+    on = FilterConfig(shortcut_queries=True)
+    assert check(queries=["1900 Summer Olympics host city", "the Seine river"]) is None   # off: passes
+    assert check(queries=["1900 Summer Olympics host city", "the Seine river"], cfg=on) == "shortcut_queries"
+    assert check(answer=["La Seine", "seine"], queries=["SEINE?", "river through Paris"], cfg=on) == "shortcut_queries"
+    assert check(queries=["Seineside towns", "river through Paris"], cfg=on) is None   # a word fragment is no leak
+    assert check(queries=["the Seine", "the Seine."], cfg=on) == "too_few_searches"     # the earlier check wins
+    assert check(cfg=on) is None
+    assert "shortcut_queries" in FILTER_REASONS and "shortcut_title" in FILTER_REASONS

@@ -50,6 +50,10 @@ BAD = [
     (SelfPlayArgs, {"min_question_words": -1}, "--min_question_words", "-1"),
     (SelfPlayArgs, {"pool_init": "/nonexistent/pool.jsonl"}, "--pool_init", "/nonexistent/pool.jsonl"),
     (SelfPlayArgs, {"judge": "llm"}, "--judge_url", "--judge llm"),
+    # issue 41 (3): the game's levers name a bad value (argparse's choices catch it on the command line only)
+    (SelfPlayArgs, {"rag_verify": "retrieve"}, "--rag_verify", "'retrieve'"),
+    (SelfPlayArgs, {"shortcut_filter": "always"}, "--shortcut_filter", "'always'"),
+    (SelfPlayArgs, {"proposer_seed": "questions"}, "--proposer_seed", "'questions'"),
     (AlgoArgs, {"dual_clip": 0.5}, "--dual_clip", "0.5"),
     (AlgoArgs, {"ppo_epochs": 0}, "--ppo_epochs", "0"),
     (AlgoArgs, {"clip_low": 1.0}, "clip_low", "1.0"),
@@ -137,6 +141,15 @@ CROSS = [
     ({"rollout": {"vllm_tp": 2, "rollout_schedule": "turn"}}, 2, "--rollout_schedule turn with --vllm_tp 2"),
     ({"rollout": {"vllm_tp": 2}, "search": {"solver_search": "simulated"}}, 2,
      "--solver_search simulated without --sim_url writes documents with the policy's own engine"),
+    # issue 41 (3): the question checks search with the solver's back-end; articles need the index's documents
+    ({"selfplay": {"rag_verify": "retrieval"}, "search": {"solver_search": "simulated", "sim_url": "http://x"}}, None,
+     "--rag_verify retrieval search each question with the solver's back-end, but --solver_search is simulated"),
+    ({"selfplay": {"rag_verify": "policy+retrieval", "shortcut_filter": "both"}, "search": {"solver_search": "self"}},
+     None, "--rag_verify policy+retrieval and --shortcut_filter both search each question"),
+    ({"selfplay": {"shortcut_filter": "title"}, "search": {"solver_search": "none"}}, None,
+     "--shortcut_filter title search each question with the solver's back-end, but --solver_search is none"),
+    ({"selfplay": {"proposer_seed": "articles"}}, None,
+     "--proposer_seed articles draws answers from --index's documents"),
 ]
 
 
@@ -218,3 +231,18 @@ def test_an_old_run_folder_resumes(tmp_path):
     (out / "config.json").write_text(json.dumps(_old_layout(cfg.to_dict())))
     v = S.output_dir_verdict(out, other.to_dict())
     assert v.diffs == {"distill.distill_coef": (0.2, 0.3)} and "distill.distill_coef: 0.2" in v.refusal
+
+
+def test_the_levers_pass_where_they_can_run(tmp_path):
+    """Issue 41 (3): the checks' search with --solver_search retriever, and articles with an index's docs.arrow, pass;
+    --proposer_seed articles reads no --train_data, so a missing one is not refused."""
+    cfg = _ok_cfg(tmp_path)
+    (tmp_path / "idx" / "docs.arrow").write_bytes(b"")
+    cfg.selfplay = replace(cfg.selfplay, rag_verify="policy+retrieval", shortcut_filter="both",
+                           proposer_seed="articles", train_data=str(tmp_path / "missing.jsonl"))
+    assert group_errors(cfg) == []
+    validate_args(cfg, world_size=1, cuda=False, multi_node=False)
+    ns = build_parser().parse_args(["--rag_verify", "retrieval", "--shortcut_filter", "queries", "--proposer_seed",
+                                    "articles"])
+    assert (ns.rag_verify, ns.shortcut_filter, ns.proposer_seed) == ("retrieval", "queries", "articles")
+    assert (SelfPlayArgs().shortcut_filter, SelfPlayArgs().proposer_seed) == ("off", "answers")
