@@ -39,6 +39,18 @@ doc1_title_share = _ratio_of_sums("game/valid_doc1_title", "game/valid_questions
 fresh_acc = _ratio_of_sums("solver/fresh_correct", "solver/fresh_trajs")
 # Solver groups whose rewards are not all equal: the only ones a group baseline draws a gradient from.
 informative_share = _ratio_of_sums("game/informative_groups", "game/solver_groups")
+# The trainer's game/informative_per_slot over a window (issue 41): informative groups on the rounds' own fresh
+# questions per proposer slot, the slots left empty in the denominator and pool replays not in the numerator.
+informative_per_slot = _ratio_of_sums("game/informative_groups/fresh", "game/solver_slots")
+empty_slot_share = _ratio_of_sums("game/empty_slots", "game/solver_slots")
+
+
+def total_of(key):
+    """Sum of a count over a window of steps; nan where no step has it (a run from before the count)."""
+    def f(rows):
+        vals = [float(r[key]) for r in rows if key in r]
+        return sum(vals) if vals else float("nan")
+    return f
 _FRESH = ("game/fresh_s0", "game/fresh_mid", "game/fresh_s1")
 
 
@@ -53,6 +65,7 @@ def _fresh_share(key):
 # the game's own columns, for the self-play rungs (2 and 3)
 informative_share_fresh = _ratio_of_sums("game/informative_groups/fresh", "game/solver_groups/fresh")
 GAME_COLUMNS = [("informative share", informative_share), ("informative share, fresh", informative_share_fresh),
+                ("informative per slot", informative_per_slot), ("empty slots", empty_slot_share),
                 ("fresh s=0", _fresh_share("game/fresh_s0")),
                 ("fresh 0<s<1", _fresh_share("game/fresh_mid")), ("fresh s=1", _fresh_share("game/fresh_s1")),
                 ("no question", _ratio_of_sums("game/no_question", "game/proposer_trajs")),

@@ -38,8 +38,19 @@ training games), <prefix><S>/eval_step<M>/results.json per milestone and <out>/t
                                 to the last milestone, mean over seeds (issue 31: >= 0.30)
   <name>.informative_share_fresh the same over the groups of the round's own fresh questions only (the rest are
                                 pool questions, admitted for a solve rate strictly between 0 and 1)
+  <name>.informative_per_slot   the trainer's game/informative_per_slot over those steps: informative groups of the
+                                fresh questions per proposer slot, the slots that held no solver group in the
+                                denominator (informative_share leaves them out and counts pool replays; issue 41)
+  <name>.solver_slots / .empty_slots  proposer slots over those steps, and those with no solver group (totals,
+                                mean over seeds)
   <name>.valid_rate             mean of game/valid_rate over those steps and seeds (issue 31: >= 0.5)
   <name>.fresh_acc              solver accuracy on the round's own fresh questions, count-weighted (issue 31: 0.15-0.85)
+  <name>.ood_gain, .ood_ci95_seed, .ood_p_seed, .ood_ci95_question   (issue 41, bench/learning_compare.arm_vs_sft) the
+                                rung against SFT on the protocol's primary metric (capitals + FanOutQA EM), points, at
+                                its decision step: the two-level bootstrap's 95% interval, the exact sign-flip test
+                                over seeds, the question-level interval; .reading_* and .wiki_desc_* alike;
+                                .decision_step, .pre_registered (the step is bench/learning_protocol.json's),
+                                .run_commits ({seed: commits} from each run's run_meta.jsonl), .protocol_commit
 The SFT eval against the title heuristic (section learning_baseline, written with any RL rung):
   learning_baseline.title_em     {"overall", <data_source>..}: question-title baseline, % (the question
                                  searched once, Doc 1's title as the answer; policy-free)
@@ -64,11 +75,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, doc1_title_share, fmt_num, fresh_acc,  # noqa: E402
-                                   informative_share, informative_share_fresh, read_json,
+                                   informative_per_slot, informative_share, informative_share_fresh, read_json,
+                                   total_of,
                                    mean_of, json_number, em, hist_str, load_rung, mean_hist, pooled, pooled_hist, read_metrics,
                                    read_timings, searches, twohop_set, verdict)
-from bench.learning_compare import (COMPARISONS, answer_habits, compare_section, equal_wall_milestone,  # noqa: E402
-                                    paired_bootstrap, question_em, rl_seconds)
+from bench.learning_compare import (COMPARISONS, LADDER_MEASURES, answer_habits, arm_vs_sft,  # noqa: E402
+                                    compare_section, equal_wall_milestone, paired_bootstrap, question_em, rl_seconds)
 from bench.report import BENCH_DIR, md_table, write_results  # noqa: E402
 from training.config import upgrade_saved_config  # noqa: E402
 
@@ -223,10 +235,16 @@ def summarise_rung(rung: str, name: str, out: Path, seeds: list[str], steps: lis
         game = {k: statistics.mean(fn([r for r in runs[s]["metrics"] if r["step"] <= last]) for s in seeds)
                 for k, fn in (("informative_share", informative_share),
                               ("informative_share_fresh", informative_share_fresh),
+                              ("informative_per_slot", informative_per_slot),
+                              ("solver_slots", total_of("game/solver_slots")),
+                              ("empty_slots", total_of("game/empty_slots")),
                               ("valid_rate", mean_of("game/valid_rate")), ("fresh_acc", fresh_acc))}
         keys.update({k: json_number(v, 3) for k, v in game.items()})
         md += (f"- the game, mean over training steps and seeds: informative solver groups {fmt_num(game['informative_share'], '.2f')} "
                f"({fmt_num(game['informative_share_fresh'], '.2f')} of the fresh questions' groups; the rest are pool questions), "
+               f"fresh informative groups per proposer slot {fmt_num(game['informative_per_slot'], '.2f')} "
+               f"(empty slots {fmt_num(game['empty_slots'], '.0f')} of "
+               f"{fmt_num(game['solver_slots'], '.0f')} per seed), "
                f"valid-question rate {fmt_num(game['valid_rate'], '.2f')}, fresh-question solver accuracy "
                f"{fmt_num(game['fresh_acc'], '.2f')}.\n")
     return {f"{name}.{k}": v for k, v in keys.items()}, md, runs
@@ -367,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
     printed = []
     if a.passk:
         keys, md = headroom(a.out, a.passk)
-        write_results("learning_headroom", keys, md)
+        write_results("learning_headroom", keys, md, measures=LADDER_MEASURES)
         printed.append(md)
     sft = read_json(a.out / "eval_sft" / "results.json", "run scripts/learning_proof_cpu.sh first") \
         if rl_rungs else None
@@ -381,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         steps = sorted(steps)
         keys, md, runs = summarise_rung(rung, name, a.out, a.seeds, steps, sft, t)
+        vs_keys, vs_md = arm_vs_sft(rung, name, a.out, RUNGS[rung][0], a.seeds, steps, title)  # issue 41
+        keys.update(vs_keys)
+        md += vs_md
         md += f"- plot: `{os.path.relpath(a.png.resolve(), BENCH_DIR.parent)}` (row: {title}).\n"
-        write_results(name, keys, md)
+        write_results(name, keys, md, measures=LADDER_MEASURES)
         printed.append(md)
         panels.append((rung, title, runs, steps, sft))
         reported[rung] = (runs, steps)
@@ -392,11 +413,11 @@ def main(argv: list[str] | None = None) -> int:
     for c in COMPARISONS:
         if c.new in reported and c.base in reported:
             keys, md = compare_section(c, a.out, a.seeds, sft, reported)
-            write_results(f"{c.key}_vs_{c.base}", keys, md)
+            write_results(f"{c.key}_vs_{c.base}", keys, md, measures=LADDER_MEASURES)
             printed.append(md)
     if panels:
         keys, md = baseline_section(sft, rises)
-        write_results("learning_baseline", keys, md)
+        write_results("learning_baseline", keys, md, measures=LADDER_MEASURES)
         printed.append(md)
         plot(a.png, panels)
     print("\n".join(printed))

@@ -112,3 +112,75 @@ def test_ladder_smoke_runs_every_rung_and_reports(tmp_path):
                            text=True, timeout=600)
     assert again.returncode == 0, again.stdout[-4000:]
     assert "SFT cold start: skipped" in again.stdout and "RL up to step" not in again.stdout
+
+
+_STUB_PY = r'''#!/usr/bin/env bash
+# a stand-in for .venv/bin/python: train.py and eval.py write what the script checks for; the rest is real Python
+case "$1" in
+  -|-m) [ "$1 $2" = "-m utils.cpu_dtype" ] && { echo fp32; exit 0; }; exec "$REAL_PY" "$@" ;;
+  scripts/prepare_data.py|bench/learning_proof.py) echo "STUB $*" ;;
+  train.py) a=("$@"); for ((i=0; i<${#a[@]}; i++)); do case "${a[i]}" in --output_dir) out=${a[i+1]};;
+      --total_steps) n=${a[i+1]};; esac; done
+    d=$out/checkpoints/step_$(printf %06d "$n")/hf; mkdir -p "$d"; echo '{}' > "$d/config.json"; touch "$d/model.safetensors"
+    echo "TRAIN $out $n" ;;
+  eval.py) a=("$@"); for ((i=0; i<${#a[@]}; i++)); do [ "${a[i]}" = --out_dir ] && out=${a[i+1]}; done
+    mkdir -p "$out"; echo '{}' > "$out/results.json"; echo "EVAL $out" ;;
+esac
+'''
+
+
+def _stub_repo(tmp_path):
+    """The script in a throw-away git repository whose python, SFT and setup are stubs: its own control flow only."""
+    import shutil
+    import sys
+    root = tmp_path / "repo"
+    for d in ("scripts", "bench", ".venv/bin", "data/indexes/bm25", "data/train"):
+        (root / d).mkdir(parents=True)
+    shutil.copy(PROOF, root / "scripts")
+    for f in ("learning_compare.py", "learning_common.py", "learning_stats.py", "report.py", "learning_protocol.json"):
+        shutil.copy(REPO / "bench" / f, root / "bench")
+    (root / "data/indexes/bm25/manifest.json").write_text("{}")
+    (root / "data/train/solver_mix.jsonl").write_text("".join(f'{{"question": "q{i}", "data_source": "reading"}}\n'
+                                                             for i in range(10)))
+    (root / "scripts/setup_cpu.sh").write_text("exit 0\n")
+    (root / "scripts/sft_coldstart.sh").write_text('mkdir -p "$1/hf"; echo {} > "$1/hf/config.json"; '
+                                                   'touch "$1/hf/model.safetensors"\n')
+    py = root / ".venv/bin/python"
+    py.write_text(_STUB_PY)
+    py.chmod(0o755)
+    git = ["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "stub"], check=True)
+    head = subprocess.run(git[:3] + ["rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    return root, head, {**os.environ, "REAL_PY": sys.executable, "DEV_ROWS": "2", "OUT": "runs/lp"}
+
+
+def test_sweep_mode_records_and_interleaving_without_training(tmp_path):
+    """Issue 41's script paths, with train.py and eval.py stubbed: a sweep candidate (HELDOUT_EVAL=0) trains, reads
+    the dev split in the run and at its milestone, evaluates no held-out set and writes no report; every launch
+    leaves its commit and command line in run_meta.jsonl; the rungs run seed by seed; PROTOCOL refuses to start
+    while the protocol's SSP recipe is not chosen."""
+    root, head, env = _stub_repo(tmp_path)
+    run = lambda **kw: subprocess.run(["bash", "scripts/learning_proof_cpu.sh"], cwd=root, env={**env, **kw},  # noqa: E731
+                                      capture_output=True, text=True, timeout=120)
+    r = run(RUNGS="2", SEEDS="101 102", STEPS="30", DEV_EVERY="10", HELDOUT_EVAL="0", SSP_PREFIX="sweep_B_seed",
+            SSP_EXTRA="--rag_verify retrieval")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = root / "runs/lp"
+    assert "TRAIN runs/lp/sweep_B_seed101 30" in r.stdout and "EVAL runs/lp/sweep_B_seed102/dev_step30" in r.stdout
+    assert not (out / "eval_sft").exists() and "eval_step" not in r.stdout and "STUB bench/learning_proof.py" not in r.stdout
+    meta = [json.loads(x) for x in (out / "sweep_B_seed101/run_meta.jsonl").read_text().splitlines()]
+    assert len(meta) == 1 and meta[0]["commit"] == head and meta[0]["dirty"] is False
+    argv = meta[0]["argv"]
+    assert argv[1] == "train.py" and argv[argv.index("--eval_every") + 1] == "10"
+    assert [argv[i + 1] for i, x in enumerate(argv) if x == "--rag_verify"][-1] == "retrieval"   # the candidate's flag wins
+    assert json.loads((out / "sweep_B_seed101/dev_step30/run_meta.jsonl").read_text())["argv"][1] == "eval.py"
+
+    r = run(OUT="runs/lp2", RUNGS="1 2", SEEDS="1 2", QA_STEPS="3", STEPS="4")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    order = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("TRAIN")]
+    assert order == ["runs/lp2/qa_seed1", "runs/lp2/seed1", "runs/lp2/qa_seed2", "runs/lp2/seed2"]
+
+    r = run(OUT="runs/lp3", PROTOCOL="bench/learning_protocol.json")
+    assert r.returncode != 0 and "not chosen yet" in r.stderr and "TRAIN" not in r.stdout

@@ -396,3 +396,84 @@ def test_ssp_against_rung1_at_the_steps_its_wall_time_buys(tmp_path, results):
     md = (results / "RESULTS.md").read_text()
     assert "## learning_ssp_vs_qa" in md and "Rung 2 against rung 1" in md
     assert "rung 1's own median step (timing_s/step) sets the exchange rate" in md
+
+
+def test_pre_registered_milestones_seed_level_intervals_and_records(tmp_path, results, monkeypatch):
+    """Issue 41: a protocol that reads rung 2 at step 4 and rung 1 at step 8 reads them there, though rung 2's clock
+    buys 12 rung-1 steps (the old rule's pick, still reported). Every difference gets a seed-level interval and an
+    exact test over seeds beside the question-level one; each rung is set against SFT on the primary metric
+    (capitals here); the runs' records (run_meta.jsonl) are listed."""
+    import subprocess
+
+    from bench import learning_compare
+    proto = json.loads(learning_compare.PROTOCOL_FILE.read_text())
+    proto["milestones"] = {"ssp": 4, "qa": 8}
+    (tmp_path / "protocol.json").write_text(json.dumps(proto))
+    monkeypatch.setattr(learning_compare, "PROTOCOL_FILE", tmp_path / "protocol.json")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=learning_compare.REPO).stdout.strip()
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})                                          # rung 2, steps 2, 4
+    _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, steps=12, mid=8, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")
+    _examples(out / "eval_sft", 2)                        # SFT: 2 of the 5 capitals questions
+    for s in ("1", "2", "3"):
+        _timed_metrics(out / f"seed{s}", 4, 30.0)
+        _timed_metrics(out / f"qa_seed{s}", 12, 10.0)
+        _examples(out / f"seed{s}" / "eval_step4", 9 + int(s))     # every capitals question, 5-7 of 15 two-hop
+        _examples(out / f"qa_seed{s}" / "eval_step8", 4)           # 4 of 5 capitals questions
+        _examples(out / f"qa_seed{s}" / "eval_step12", 19)         # the clocks' pick: never read
+        for pre in ("seed", "qa_seed"):
+            (out / f"{pre}{s}" / "run_meta.jsonl").write_text(json.dumps(
+                {"commit": head, "dirty": False, "argv": ["train.py", "--seed", s], "load1": 0.25}) + "\n")
+        with (out / f"seed{s}" / "metrics.jsonl").open("a") as f:   # the dev split read in the run every 2 steps
+            f.write("".join(json.dumps({"step": k, "eval/em": 0.1 * k + 0.01 * int(s)}) + "\n" for k in (2, 4)))
+    assert learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4",
+                                "--qa_steps", "8", "12", "--png", str(tmp_path / "p.png")]) == 0
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning_ssp_vs_qa.pre_registered"] is True
+    assert keys["learning_ssp_vs_qa.milestones"] == {"ssp": 4, "qa": 8}
+    assert keys["learning_ssp.qa_equal_wall_step"] == 8 and keys["learning_ssp.qa_equal_wall_step_needed"] == 12
+    # primary metric: 5 of 5 against 4 of 5 capitals on every seed, +20 points; 3 against 3 seeds: p = 2/20
+    assert keys["learning_ssp_vs_qa.ood_gain"] == pytest.approx(20.0)
+    assert keys["learning_ssp_vs_qa.ood_p_seed"] == pytest.approx(0.1)
+    lo, hi = keys["learning_ssp_vs_qa.ood_ci95_seed"]
+    assert lo <= 20.0 <= hi
+    # the reading score: (10, 11, 12) of 20 against 4 of 20 -> +35 points; seed-level interval wider than the
+    # question-level one where the seeds differ
+    assert keys["learning_ssp_vs_qa.gain"] == pytest.approx(35.0)
+    seed_ci, q_ci = keys["learning_ssp_vs_qa.reading_ci95_seed"], keys["learning_ssp_vs_qa.reading_ci95_question"]
+    assert seed_ci[1] - seed_ci[0] >= q_ci[1] - q_ci[0] and keys["learning_ssp_vs_qa.reading_p_seed"] == pytest.approx(0.1)
+    # each rung against SFT at its protocol milestone: rung 2 +60 points on capitals, sign flips 2 of 8
+    assert keys["learning.ood_gain"] == pytest.approx(60.0) and keys["learning.ood_p_seed"] == pytest.approx(0.25)
+    assert keys["learning.pre_registered"] is True and keys["learning.decision_step"] == 4
+    assert keys["learning_qa.decision_step"] == 8 and keys["learning_qa.ood_gain"] == pytest.approx(40.0)
+    assert keys["learning.run_commits"] == {"1": [head], "2": [head], "3": [head]}
+    assert keys["learning.dev_em_by_step"] == {"2": 22.0, "4": 42.0} and "learning_qa.dev_em_by_step" not in keys
+    md = (results / "RESULTS.md").read_text()
+    assert "Milestones pre-registered in bench/learning_protocol.json" in md and "Not pre-registered" not in md
+    assert "seed-level 95% interval (two-level bootstrap" in md and "smallest possible 0.100" in md
+    assert f"training runs at commit(s) {head[:10]}" in md and "load at launch 0.25-0.25" in md
+    assert "step 2: 22.0% (21.0, 22.0, 23.0); step 4: 42.0% (41.0, 42.0, 43.0)" in md
+    # the ladder's sections name the code they measure, so bench/report.py --check can flag them
+    sections = keys["_sections"]
+    assert all(sections[s]["measures"] == sorted(learning_compare.LADDER_MEASURES)
+               for s in ("learning", "learning_qa", "learning_ssp_vs_qa", "learning_baseline"))
+
+
+def test_milestones_chosen_from_the_clocks_say_so(tmp_path, results):
+    """Without the protocol's milestones in the runs, the old rule reads them, and the section says it was not
+    pre-registered."""
+    out = tmp_path / "lp"
+    _run_folder(out, {"1": 0.30, "2": 0.26, "3": 0.28})
+    _run_folder(out, {"1": 0.40, "2": 0.38, "3": 0.42}, steps=12, mid=8, prefix="qa_seed", rl="rl_qa", ev="eval_qa_step")
+    for s in ("1", "2", "3"):
+        _timed_metrics(out / f"seed{s}", 4, 30.0)
+        _timed_metrics(out / f"qa_seed{s}", 12, 10.0)
+        _examples(out / f"seed{s}" / "eval_step4", 9)
+        _examples(out / f"qa_seed{s}" / "eval_step12", 6)
+    learning_proof.main(["--out", str(out), "--seeds", "1", "2", "3", "--steps", "2", "4", "--qa_steps", "8", "12",
+                         "--png", str(tmp_path / "p.png")])
+    keys = json.loads((results / "results.json").read_text())
+    assert keys["learning_ssp_vs_qa.pre_registered"] is False and keys["learning.pre_registered"] is False
+    md = (results / "RESULTS.md").read_text()
+    assert "**Not pre-registered:**" in md and "hold no run_meta.jsonl" in md
