@@ -209,14 +209,16 @@ class CountingJudge(Judge):
         return super().judge_many(items)
 
 
-def test_pipelined_round_keeps_two_lockstep_ranks_identical(tokenizer, bm25):
+@pytest.mark.parametrize("policy", ["scripted", "siblings_differ"])
+def test_pipelined_round_keeps_two_lockstep_ranks_identical(tokenizer, bm25, policy):
     """Tensor parallelism faked with two threads (tests/inference/test_rollout_schedule.py's ThreadGroup): each
     rank plays the whole round through its own engine, its searches slow where the other's are fast. The first rank
     alone searches and judges; both make the same engine calls and end with the same round, judge counts included."""
     from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
 
     group = ThreadGroup()
-    ranks = [GroupRank(ScriptedPolicy(tokenizer), group, r) for r in (0, 1)]
+    cls = ScriptedPolicy if policy == "scripted" else SiblingsDiffer   # issue 40 (7): siblings that behave differently
+    ranks = [GroupRank(cls(tokenizer), group, r) for r in (0, 1)]
     judges = [CountingJudge(), CountingJudge()]
     searched = [[], []]
     out = [None, None]
