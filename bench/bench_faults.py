@@ -46,7 +46,7 @@ def workdir(w: Path) -> None:
     corpus = [json.loads(line) for line in (REPO / "data/corpus/wiki.jsonl").open()][:200]
     (w / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
     subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(w / "corpus.jsonl"),
-                    "--out", str(w / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+                    "--out", str(w / "bm25"), "--kind", "bm25", "--overwrite"], cwd=REPO, check=True, capture_output=True)
     rows = [{"answer": c["contents"].split("\n")[0], "search_turns": 2} for c in corpus[:16]]
     (w / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     qa = [{"question": f"What is the title of the article that begins: {c['contents'].split(chr(10))[1][:60]}?",
