@@ -10,23 +10,9 @@ import pytest
 
 from inference.engine_api import GenOutput
 from inference.step_loop import StepLoop, first_rank_value
+from tests.inference.test_rollout_schedule import ThreadGroup
 
 pytestmark = pytest.mark.timeout(120)
-
-
-class Group:
-    """Two ranks' broadcast faked with threads: rank 0's object on both, met at a barrier like the real one."""
-
-    def __init__(self):
-        self.barrier, self.slot = threading.Barrier(2, timeout=10), None
-
-    def share(self, rank, obj):
-        if rank == 0:
-            self.slot = obj
-        self.barrier.wait()
-        out = self.slot
-        self.barrier.wait()
-        return out
 
 
 class Rank:
@@ -40,7 +26,7 @@ class Rank:
 
 
 def test_first_rank_value_raises_the_first_ranks_error_on_every_rank():
-    group = Group()
+    group = ThreadGroup()
     got = [None, None]
 
     def go(r):
