@@ -39,7 +39,9 @@ template, max_turns, max_tokens_per_turn, max_total_tokens, max_info_tokens, max
 the solver's search backend (with its index or retriever_url, sim_url, sim_model). Precedence: a flag
 given on the command line, then the run's config.json, then eval's default. The training temperature
 is not taken (eval stays greedy unless --temperature says otherwise). --no_run_config ignores the run;
-a model outside a run is evaluated with the defaults. A table of every setting, its value and its
+a model outside a run is evaluated with the defaults. A retriever_url taken from the run at which nothing
+answers (a server the run stopped, as scripts/demo_cpu.sh's) gives way to the run's index when that is built
+here, and the notice and the settings' source say so. A table of every setting, its value and its
 source (flag / run config.json / eval default) is printed first and saved in results.json ("settings")
 and results.md. train.py's flag spellings work too: --vllm_tp, --rollout_engine, --eval_data a,b,
 --eval_limit, --solver_search, --dtype bf16/fp32, --overwrite true/false.
@@ -153,6 +155,39 @@ def _find_index(path: str) -> str | None:
         if (p / "manifest.json").exists():
             return str(p)
     return None
+
+
+def _answers(url: str, timeout: float = 5.0) -> bool:
+    """Whether anything answers at `url` (any HTTP status: a loading server's 503, Search-R1's 404 on /health)."""
+    import httpx  # lazy, as retrieval.client
+
+    try:
+        httpx.get(f"{url.rstrip('/')}/health", timeout=timeout)
+        return True
+    except httpx.TransportError:
+        return False
+
+
+def fall_back_from_a_stopped_retriever(a: argparse.Namespace) -> None:
+    """A retriever_url taken from the run's config.json (no flag named a backend) at which nothing answers: a
+    server the run started and stopped, as scripts/demo_cpu.sh's on port 8765. Rather than wait 300 s for it,
+    search the run's --index in-process when that is a built index here (the demo's server served it), and say
+    so, on stderr and in the settings' source; without one, stop at once and name the fixes (InputError)."""
+    if a.sources.get("retriever_url") != RUN or _answers(a.retriever_url):
+        return
+    url, run = a.retriever_url, train_config(Path(a.run_config))
+    index = _find_index(str(run["search"].get("index") or ""))
+    if index is None:
+        raise InputError(f"the run's retriever {url} ({a.run_config}) does not answer, and the run's --index "
+                         f"{run['search'].get('index')!r} is not a built index here; start that retriever again "
+                         "(scripts/start_retriever.sh), or pass --retriever_url URL or --index DIR")
+    print(f"eval.py: nothing answers at the run's retriever {url} ({a.run_config}; a server the run stopped, as "
+          f"scripts/demo_cpu.sh's); searching the run's --index {index} in-process instead, which is what that "
+          "server served only if it was started on that index. Start the server again, or pass --retriever_url "
+          "or --index, to choose.", file=sys.stderr, flush=True)
+    a.retriever_url, a.index = None, index
+    del a.sources["retriever_url"]
+    a.sources["index"] = f"{RUN} (its retriever_url {url} did not answer)"
 
 
 def settings_table(a: argparse.Namespace) -> str:
@@ -405,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
     try:
+        fall_back_from_a_stopped_retriever(a)
         rows = read_inputs(a)
     except InputError as e:  # a missing or wrong file, folder or row: one message (docs/TROUBLESHOOTING.md)
         return entry_point_error("eval.py", e)

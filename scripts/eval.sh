@@ -6,10 +6,14 @@
 #   MODEL=runs/x bash scripts/eval.sh                     # the run's latest checkpoint
 #   RETRIEVER_URL=http://127.0.0.1:8000 JUDGE_URL=http://127.0.0.1:8001 bash scripts/eval.sh
 #   ENGINE=hf bash scripts/eval.sh --max_turns 2          # extra args go to eval.py
+#   DRY_RUN=1 MODEL=runs/x bash scripts/eval.sh           # resolve and print the settings; load nothing
 # A MODEL inside a training run (train.py's output_dir) is evaluated under the run's rollout protocol
 # (its config.json: turns, token caps, topk, template, dtype, the solver's search backend): TOPK,
 # MAX_TURNS, INDEX and RETRIEVER_URL are passed on only when set, and then override the run's values.
-# Outside a run, eval.py's defaults apply and the search backend is the BM25 index INDEX.
+# Outside a run, eval.py's defaults apply and the search backend is the BM25 index INDEX. A run whose
+# retriever was stopped (the demo's) is searched through the run's index (eval.py says so).
+# The python: PY, else $VENV/bin/python, else the active virtualenv's (scripts/setup_gpu.sh's .venv-gpu once
+# sourced), else .venv/bin/python (scripts/setup_cpu.sh's), else .venv-gpu/bin/python, else python3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +28,15 @@ ENGINE=${ENGINE:-vllm}
 LIMIT=${LIMIT:-}
 TOPK=${TOPK:-}            # unset: the run's topk, else eval.py's default (3)
 MAX_TURNS=${MAX_TURNS:-}  # unset: the run's max_turns, else eval.py's default (4)
-PY=${PY:-.venv/bin/python}
+if [ -z "${PY:-}" ]; then
+  if [ -n "${VENV:-}" ]; then PY=$VENV/bin/python
+  elif [ -n "${VIRTUAL_ENV:-}" ]; then PY=$VIRTUAL_ENV/bin/python
+  elif [ -x .venv/bin/python ]; then PY=.venv/bin/python
+  elif [ -x .venv-gpu/bin/python ]; then PY=.venv-gpu/bin/python
+  else PY=python3; fi
+fi
+command -v "$PY" >/dev/null || { echo "eval.sh: no python at $PY (set VENV= or PY=, or run scripts/setup_cpu.sh)" >&2; exit 1; }
+DRY_RUN=${DRY_RUN:-0}
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 # vLLM in-process starts in seconds instead of tens of seconds (docs/PLATFORM_NOTES.md, vLLM start-up).
@@ -48,14 +60,32 @@ args=(--model "$MODEL" --data $DATA --engine "$ENGINE" --out_dir "$OUT_DIR")
 if [ -n "$RETRIEVER_URL" ]; then
   args+=(--retriever_url "$RETRIEVER_URL")
 elif [ -n "$INDEX_GIVEN" ] || [ -z "$IN_RUN" ]; then
-  if [ ! -f "$INDEX/manifest.json" ]; then
-    echo "eval.sh: building the BM25 index $INDEX from $CORPUS (once)"
-    "$PY" -m retrieval.build_index --corpus "$CORPUS" --out "$INDEX" --kind bm25
+  if [ ! -f "$INDEX/manifest.json" ] && [ "$DRY_RUN" = 1 ]; then
+    echo "eval.sh: would build the BM25 index $INDEX from $CORPUS first and pass --index $INDEX (not checked here)"
+  else
+    if [ ! -f "$INDEX/manifest.json" ]; then
+      echo "eval.sh: building the BM25 index $INDEX from $CORPUS (once)"
+      "$PY" -m retrieval.build_index --corpus "$CORPUS" --out "$INDEX" --kind bm25
+    fi
+    args+=(--index "$INDEX")
   fi
-  args+=(--index "$INDEX")
 fi
 [ -n "$JUDGE_URL" ] && args+=(--judge_url "$JUDGE_URL" --judge_cache "$OUT_DIR/judge_cache.sqlite")
 [ -n "$LIMIT" ] && args+=(--limit "$LIMIT")
 
+if [ "$DRY_RUN" = 1 ]; then  # eval.py's own resolution (the run's protocol, a stopped retriever), then stop
+  echo "eval.sh: would run $PY eval.py ${args[*]} $*"
+  "$PY" -c 'import sys
+import eval as e
+from utils.errors import InputError
+a = e.parse_args(sys.argv[1:])
+try:
+    e.fall_back_from_a_stopped_retriever(a)
+except InputError as err:
+    sys.exit(f"eval.py: {err}")
+print(e.settings_table(a))
+print("eval.sh: dry run: ok")' "${args[@]}" "$@"
+  exit 0
+fi
 mkdir -p "$OUT_DIR"
 "$PY" eval.py "${args[@]}" "$@" 2>&1 | tee "$OUT_DIR/eval.log"

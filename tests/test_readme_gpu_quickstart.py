@@ -4,8 +4,10 @@ The variables the README asks a user to set get small stand-ins: a 40-passage e5
 in Search-R1's layout (all-MiniLM-L6-v2 standing in for e5-base-v2, encoded as Search-R1 encodes), the tiny
 random model, a localhost hostfile of 8 slots (the launcher's dry run at 8 GPUs), a tiny finished run for the
 eval. Where the README itself says DRY_RUN=1 (the commands that need GPUs) the script checks and prints
-instead of serving or training. The setup script runs with PRINT=1 into the existing .venv (installing a
-GPU stack is not possible here). Nothing else is changed: a new line in the block is run as it stands.
+instead of serving or training. The setup script runs with PRINT=1 (installing a GPU stack is not possible
+here), and the virtualenv it would make is a stand-in: a folder whose python is this one, logging each call,
+so a step that runs another python (scripts/eval.sh once ran .venv's, whatever was active) is seen. Nothing
+else is changed: a new line in the block is run as it stands.
 """
 
 from __future__ import annotations
@@ -48,6 +50,18 @@ def _searchr1_assets(d: Path, minilm: str) -> None:
     faiss.write_index(index, str(d / "e5_Flat.index"))
 
 
+def _standin_venv(d: Path) -> tuple[Path, Path]:
+    """(a virtualenv folder as scripts/setup_gpu.sh leaves it, the log of its python's calls): bin/python and
+    bin/python3 run this interpreter and append their arguments to the log; bin/activate puts bin/ first on PATH."""
+    venv, log = d / "venv-gpu", d / "venv-gpu.log"
+    (venv / "bin").mkdir(parents=True)
+    for name in ("python", "python3"):
+        (venv / "bin" / name).write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\nexec {sys.executable} "$@"\n')
+        (venv / "bin" / name).chmod(0o755)
+    (venv / "bin" / "activate").write_text(f'export VIRTUAL_ENV={venv}\nexport PATH="{venv}/bin:$PATH"\n')
+    return venv, log
+
+
 def _tiny_run(d: Path, model: Path, env: dict) -> Path:
     """A finished one-step run folder with an HF export, as a user's run folder looks after training."""
     corpus = d / "corpus.jsonl"
@@ -86,7 +100,9 @@ def test_every_gpu_quickstart_command_runs(tmp_path, tiny_model_dir):
     _searchr1_assets(sr1, str(minilm_dir()))
     run = _tiny_run(tmp_path, tiny_model_dir, env)
     (tmp_path / "hostfile").write_text("localhost slots=8\n")
-    env.update(VENV=".venv", PRINT="1",                         # setup_gpu.sh: print, into the CPU venv
+    venv, calls = _standin_venv(tmp_path)
+    env.pop("VIRTUAL_ENV", None)
+    env.update(VENV=str(venv), PRINT="1",                       # setup_gpu.sh: print; `source` the stand-in
                SR1=str(sr1), E5=str(minilm_dir()), IDX=str(tmp_path / "e5_wiki18"), JUDGE=str(tiny_model_dir),
                MODEL=str(tiny_model_dir), ROWS=str(tmp_path / "rows.jsonl"), HOSTFILE=str(tmp_path / "hostfile"),
                RUN=str(run), LAUNCHER_ARGS=f"--no_ssh_check --master_addr 127.0.0.1 --master_port {free_port()}",
@@ -104,6 +120,8 @@ def test_every_gpu_quickstart_command_runs(tmp_path, tiny_model_dir):
     assert "dry run: ok" in out and "memory plan" in out.lower()                        # 4. 8 slots, dry run
     res = json.loads((tmp_path / "eval" / "results.json").read_text())                  # 5. the eval
     assert res["settings"], res.keys()
+    ran = calls.read_text()                                                             # all on the GPU venv's python
+    assert "scripts/prepare_data.py" in ran and "-m retrieval.import_searchr1" in ran and "eval.py --model" in ran, ran
 
 
 def training_commands() -> list[str]:
