@@ -57,7 +57,7 @@ from inference.rag_check import rag_rng
 from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
 from inference.rollout import RolloutConfig, concurrent_search, run_rollouts, search_attr
 from inference.self_search import shape_solver_rewards
-from inference.step_loop import first_rank_value
+from inference.step_loop import first_rank_value, in_lockstep
 from inference.trajectory import GameMeta, Trajectory
 
 log = logging.getLogger(__name__)
@@ -372,7 +372,7 @@ def play_staged(engine: Any, rows: Sequence[ProposerRow], prop_search: Any, solv
                 cfg: GameConfig, prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
                 rng_for: Callable[[int], random.Random], qa_questions: Sequence[dict]) -> Played:
     """The round in stages (the turn schedule): propose all, check all, solve all; play_round grades them all."""
-    if int(getattr(engine, "lockstep_ranks", 1)) > 1:  # validate_args refuses the flags that lead here
+    if in_lockstep(engine):  # validate_args refuses the flags that lead here
         raise RuntimeError("a staged round (the turn schedule, or simulated search on the policy's engine) calls the "
                            "search and the judge on every rank of a tensor-parallel group; it would split the group")
     props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []

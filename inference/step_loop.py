@@ -34,10 +34,15 @@ from typing import Any, Callable
 from inference.engine_api import GenerateStepper, GenOutput, SamplingConfig
 
 
+def in_lockstep(engine: Any) -> bool:
+    """Whether `engine` is one rank of a lockstep (tensor-parallel) group, whose ranks must make the same calls."""
+    return int(getattr(engine, "lockstep_ranks", 1)) > 1
+
+
 def first_rank_value(engine: Any, fn: Callable[[], Any]) -> Any:
     """fn() on the lockstep group's first rank, its value on every rank of the group (a collective there); fn()
     itself for an engine without a group. For what the loop's callers ask the outside world beside the loop."""
-    if int(getattr(engine, "lockstep_ranks", 1)) <= 1:
+    if not in_lockstep(engine):
         return fn()
     # An exception on the first rank travels to the others, which would otherwise wait in the share forever.
     value = engine.share_from_first(_catching(fn) if engine.lockstep_first else None)

@@ -356,12 +356,12 @@ def check_doc_lines(lines: list[DocLine], tmp: Path) -> tuple[list[str], dict[st
 
 def test_doc_lines_are_found(tmp_path):
     """Continuations joined, comment lines dropped, a list item's indented block read, other languages not."""
-    md = tmp_path / "x.md"
+    md = tmp_path / "x.txt"
     md.write_text("text\n```bash\n# a comment\nA=1 bash scripts/eval.sh   # why\npython train.py --a 1 \\\n"
                   "    --b 2\n```\n1. item\n   ```bash\n   python -m m --c\n   ```\n```python\nx = 1\n```\n")
     assert [(d.where, d.text) for d in doc_lines([md], tmp_path)] == [
-        ("x.md:4", "A=1 bash scripts/eval.sh   # why"), ("x.md:5", "python train.py --a 1 --b 2"),
-        ("x.md:10", "python -m m --c")]
+        ("x.txt:4", "A=1 bash scripts/eval.sh   # why"), ("x.txt:5", "python train.py --a 1 --b 2"),
+        ("x.txt:10", "python -m m --c")]
     assert commands("a=1 b && c d & e; f | g") == [["a=1", "b"], ["c", "d"], ["e"], ["f"], ["g"]]
     found = {d.where.split(":")[0] for d in doc_lines()}
     assert {"README.md", "docs/training.md", "docs/retrieval.md"} <= found, found
