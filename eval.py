@@ -74,7 +74,7 @@ from typing import Callable, Sequence
 from inference.data import EvalRow, load_eval_rows
 from inference.engine_api import RolloutEngine, TokenGenerator
 from inference.engines import VLLMEngine
-from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
+from inference.evaluate import EvalConfig, evaluate, markdown_report, prompt_budget_error, protocol_lines, write_outputs
 from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
@@ -407,6 +407,22 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     return rows
 
 
+def check_prompt_budget(a: argparse.Namespace, rows: list[EvalRow], rollout: RolloutConfig) -> None:
+    """Every row's first prompt leaves room to answer: fewer tokens than min(--max_total_tokens, --max_model_len).
+    Counted with the model's tokenizer before the model loads; InputError naming the file, the line and the limit."""
+    from transformers import AutoTokenizer  # lazy: the cheap checks came first; the engine imports it anyway
+
+    cfg = EvalConfig(rollout=rollout, template=a.template, progress=False)
+    try:
+        err = prompt_budget_error(AutoTokenizer.from_pretrained(a.model), rows, cfg, a.max_model_len)
+    except InputError:
+        raise
+    except ValueError as e:  # render_chat: --template auto for a tokenizer without a chat template
+        raise InputError(f"--template {a.template}: {e}") from None
+    if err is not None:
+        raise err
+
+
 def build_search(a: argparse.Namespace, engine: TokenGenerator | None = None) -> tuple[Callable | None, str]:
     """The search backend's `search` and how the protocol names it."""
     if a.self_search:
@@ -439,9 +455,14 @@ def build_engine(a: argparse.Namespace) -> RolloutEngine:
 def main(argv: list[str] | None = None) -> int:
     keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
+    rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
+                            max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,
+                            topk=a.topk, temperature=a.temperature, seed=a.seed if a.temperature > 0 else None,
+                            self_search=a.self_search, schedule=a.rollout_schedule, max_inflight=a.max_inflight)
     try:
         fall_back_from_a_stopped_retriever(a)
         rows = read_inputs(a)
+        check_prompt_budget(a, rows, rollout)
     except InputError as e:  # a missing or wrong file, folder or row: one message (docs/TROUBLESHOOTING.md)
         return entry_point_error("eval.py", e)
     print(settings_table(a), flush=True)
@@ -454,10 +475,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:  # a dense index's encoder missing here: named, no traceback
         return entry_point_error("eval.py", e)
     judge = Judge(a.judge_url, model=a.judge_model, cache_path=a.judge_cache) if a.judge_url else Judge()
-    rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
-                            max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,
-                            topk=a.topk, temperature=a.temperature, seed=a.seed if a.temperature > 0 else None,
-                            self_search=a.self_search, schedule=a.rollout_schedule, max_inflight=a.max_inflight)
     protocol = {
         "model": str(Path(a.model).resolve()),
         "engine": f"{a.engine} ({a.dtype})",

@@ -53,6 +53,7 @@ class EvalRow:
     data_source: str
     id: str = ""
     meta: dict = field(default_factory=dict)
+    where: str = ""   # "FILE: line N" (item N of a JSON array, row N of a parquet file) for messages; "" when built in code
 
 
 class RowError(InputError):
@@ -425,7 +426,7 @@ def load_eval_rows(path: str | Path, limit: int | None = None) -> list[EvalRow]:
         rid = _first(row, ("id", "extra_info.index"), lambda v: v)
         rid = str(i if rid is None else rid)
         meta = {k: v for k, v in row.items() if k not in ("question", "golden_answers", "data_source", "id")}
-        return EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta)
+        return EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta, where=f"{path}: {where}")
 
     return load_rows(path, convert, limit)
 
