@@ -3,6 +3,7 @@
     cfg = EvalConfig(rollout=RolloutConfig(max_turns=4, temperature=0.0), judge=Judge())
     result = evaluate(engine, rows, search_fn, cfg)     # {"overall", "per_source", "examples", "samples"}
     write_outputs(out_dir, protocol, result, settings)  # results.json, results.md, examples.jsonl
+    # results.json / results.md also hold one row per benchmark in SSP's Table 1 order (inference/benchmarks.py)
 
 eval.py is the command line over it (the run's protocol, the engine, the search backend, the judge)
 and its docstring says what every metric means: EM, F1, sub-EM, judge accuracy, the title heuristic
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from inference.benchmarks import benchmark_markdown, benchmark_table
 from inference.data import EvalRow
 from inference.engine_api import TokenGenerator
 from inference.judge import Judge, JudgeItem
@@ -203,7 +205,8 @@ def budget_error(bad: Sequence[tuple[EvalRow, int, bool]], cfg: EvalConfig, max_
 
 
 def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
-    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
+    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples",
+    "llm_judge"} (llm_judge: whether an LLM judge gave the judge column; inference/benchmarks.py reads it).
 
     overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,
     no_answer_rate, judge_failed, the title heuristic (title_baseline_em, question_title_em,
@@ -251,6 +254,7 @@ def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callabl
         "per_source": {src: _group_metrics(recs, K) for src, recs in sorted(by_src.items())},
         "examples": examples,
         "samples": K,
+        "llm_judge": cfg.judge.mode == "llm",
     }
 
 
@@ -278,7 +282,7 @@ def markdown_report(protocol: dict, result: dict, settings: dict | None = None) 
     table = [] if not settings else ["", "| setting | value | source |", "|---|---|---|",
                                      *(f"| {k} | {s['value']} | {s['source']} |" for k, s in settings.items())]
     return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), *table, "", "## Results", "",
-                      *note, head, *rows, "", *title_table(result), ""])
+                      *note, head, *rows, "", *benchmark_markdown(benchmark_table(result)), "", *title_table(result), ""])
 
 
 def hist_str(hist: dict) -> str:
@@ -309,7 +313,7 @@ def title_table(result: dict) -> list[str]:
 def write_outputs(out_dir: Path, protocol: dict, result: dict, settings: dict | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"protocol": protocol, **({"settings": settings} if settings else {}), "overall": result["overall"],
-               "per_source": result["per_source"]}
+               "per_source": result["per_source"], "benchmarks": benchmark_table(result)}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     (out_dir / "results.md").write_text(markdown_report(protocol, result, settings))
     with open(out_dir / "examples.jsonl", "w", encoding="utf-8") as f:
