@@ -1,10 +1,11 @@
-"""A user's own files, start to finish (issue 42): scripts/own_data_cpu.sh on CPU takes small files, written here
-in docs/data.md's formats (proposer rows, a corpus, QA rows, an eval set).
+"""A user's own files, start to finish (issue 42): scripts/own_data_cpu.sh on CPU and a per-size GPU script take
+the same small files, written here in docs/data.md's formats (proposer rows, a corpus, QA rows, an eval set).
 
 DRY_RUN=1 reads every file and prints the commands it would run, so the tests parse those commands with the
 entry points' own parsers: the user's files reach train.py and eval.py, with the recipe that plays
-(scripts/recipe.sh), and a bad file is refused before anything runs, with a message naming it. One slow test runs
-the CPU script for real at a smoke scale (a tiny random model as the SFT export, one step).
+(scripts/recipe.sh), and a bad file is refused before anything runs, with a message naming it. The GPU script's
+flags are caught by a stand-in `deepspeed` and then dry-run through train.py at 8 ranks. One slow test runs the
+CPU script for real at a smoke scale (a tiny random model as the SFT export, one step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from training.flags import groups_from_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "own_data_cpu.sh"
+GPU_SCRIPT = REPO / "scripts" / "train_qwen2.5_3b_instruct.sh"
 RECIPE = REPO / "scripts" / "recipe.sh"
 PROOF = REPO / "scripts" / "learning_proof_cpu.sh"
 # the recipe that plays: the learning proof's game (bench/RESULTS.md, learning_game_settings)
@@ -215,6 +217,75 @@ def test_the_recipe_is_the_learning_proofs_game():
     # and what those defaults are: the game of bench/RESULTS.md's ladder recipe
     assert (recipe["RAG_VERIFY"], recipe["PROPOSER_REWARD"], recipe["FORMAT_PENALTY"]) == ("policy", "1-acc", "-1")
     assert recipe["POOL_SOLVE"] == "0.01 0.99" and (recipe["MIN_SEARCHES"], recipe["RAG_DISTRACTORS"]) == ("1", "0")
+
+
+# ----------------------------------------------------------------------------- the same files on a GPU script
+
+def gpu_flags(tmp: Path, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """(the run, the train.py flags) of the 3B script under DRY_RUN=1, a stand-in `deepspeed` printing its argv."""
+    (tmp / "bin").mkdir(parents=True, exist_ok=True)
+    fake = tmp / "bin" / "deepspeed"
+    fake.write_text('#!/usr/bin/env bash\nprintf "%s\\0" "$@"\n')
+    fake.chmod(0o755)
+    (tmp / "hostfile").write_text("localhost slots=8\n")
+    env = {**env, "DRY_RUN": "1", "PATH": f"{tmp / 'bin'}{os.pathsep}{env['PATH']}"}
+    env.pop("PY", None)   # the GPU script runs the python on PATH, as in an activated .venv-gpu
+    r = subprocess.run(["bash", str(GPU_SCRIPT), str(tmp / "hostfile")], capture_output=True, text=True, env=env,
+                       cwd=tmp, timeout=120)
+    argv = r.stdout.split("\0")[:-1]
+    return r, (argv[argv.index("train.py") + 1:] if "train.py" in argv else [])
+
+
+def test_a_gpu_script_takes_the_same_files_with_the_recipe(tmp_path):
+    files = write_files(tmp_path / "mine")
+    out = tmp_path / "gpu_run"
+    env = user_env(files, out)
+    r, argv = gpu_flags(tmp_path, env)
+    assert r.returncode == 0 and argv, r.stdout + r.stderr
+    assert "3 answers" in r.stdout and f"--corpus {files['corpus']}" in r.stdout   # the files were read first
+    index = out / "index" / "bm25"
+    assert f"would build the index first: env CORPUS={files['corpus']} OUT={out / 'index'} KINDS=bm25" in r.stdout
+    cfg = train_config(["train.py", *argv])
+    assert cfg.selfplay.train_data == str(files["answers"]) and cfg.selfplay.pool_init == str(files["qa"])
+    assert cfg.eval.eval_data == str(files["eval"]) and cfg.search.index == str(index) and not cfg.search.retriever_url
+    assert "--allow_demo_defaults" not in argv and argv[-1] == "--dry_run"
+    for k, v in GAME.items():
+        assert getattr(cfg.selfplay, k) == v, (k, getattr(cfg.selfplay, k))
+    # the CPU-only settings stay train.py's (SSP's 2 searches, 10 words)
+    assert cfg.selfplay.min_searches == 2 and cfg.selfplay.min_question_words == 10
+    assert not out.exists(), "a dry run builds no index and writes no output dir"
+    # a judge takes the verifier's place; a retriever server takes the index's; a bad file stops the launch
+    _, judged = gpu_flags(tmp_path, {**env, "JUDGE_URL": "http://127.0.0.1:9/v1", "RETRIEVER_URL": "http://127.0.0.1:8000"})
+    jc = train_config(["train.py", *judged])
+    assert jc.selfplay.rag_verify == "judge" and jc.selfplay.judge == "llm" and jc.selfplay.proposer_reward == "1-acc"
+    assert jc.search.retriever_url == "http://127.0.0.1:8000" and "--index" not in judged
+    # a file not on this machine: listed by the dry run (a login node), as train.py --dry_run lists it
+    r, argv = gpu_flags(tmp_path, {**env, "TRAIN_DATA": "/data/not/here.parquet"})
+    assert r.returncode == 0 and "--train_data /data/not/here.parquet: not on this machine, not checked" in r.stdout
+    with files["qa"].open("a") as f:
+        f.write('{"question": "Where?"}\n')
+    r, argv = gpu_flags(tmp_path, env)
+    assert r.returncode == 2 and not argv and str(files["qa"]) in r.stderr and "golden_answers" in r.stderr
+
+
+@pytest.mark.timeout(300)
+def test_the_gpu_scripts_flags_pass_train_py_dry_run_at_8_ranks(tmp_path):
+    """The 3B script's flags with the user's files and an index built from their corpus: train.py's own dry run,
+    as local rank 0 of 8 (the files read by the trainer's preflight, the configs checked), passes."""
+    files = write_files(tmp_path / "mine")
+    out = tmp_path / "gpu_run"
+    subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(files["corpus"]), "--out",
+                    str(out / "index" / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+    _, argv = gpu_flags(tmp_path, user_env(files, out))
+    env = {k: v for k, v in os.environ.items()}
+    env.update(WORLD_SIZE="8", RANK="0", LOCAL_RANK="0", LOCAL_WORLD_SIZE="8", HF_HUB_OFFLINE="1",
+               DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    r = subprocess.run([sys.executable, str(REPO / "train.py"), *argv], capture_output=True, text=True, cwd=REPO,
+                       timeout=280, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.rstrip().endswith("dry run: ok") and "demo defaults" not in r.stdout
+    cfg = json.loads(r.stdout.split("train.py --dry_run: resolved config\n", 1)[1].split("DeepSpeed config (actor)\n")[0])
+    assert cfg["selfplay"]["rag_verify"] == "policy" and cfg["search"]["index"] == str(out / "index" / "bm25")
 
 
 # ----------------------------------------------------------------------------- for real, at a smoke scale
