@@ -15,12 +15,19 @@ Launch lines:
     python eval.py --model M --data d.jsonl --limit 20 --engine hf --out_dir /tmp/ev
 
 Rows: JSONL or parquet with question, golden_answers, data_source (inference/data.py reads
-Search-R1/FlashRAG rows too). Rollouts are greedy by default (temperature 0), one per
-question, through the same multi-turn loop as training (inference/rollout.py), so numbers
-measure the policy the trainer produces. Without --judge_url the judge column is exact
-match (no server). Outputs in --out_dir: results.json (protocol + metrics), results.md
-(the protocol, then a table per data source and overall), examples.jsonl (one line per
-question), config.json (the resolved flags); a folder that already holds any of them is refused
+Search-R1/FlashRAG rows too). A --data folder stands for the benchmarks it holds (inference/benchmarks.py):
+FlashRAG's <benchmark>/test.jsonl (dev when there is no test; the folder names the benchmark), <benchmark>.jsonl or
+.parquet, Search-R1's test.parquet. The reports give one row per benchmark (data source) in SSP's Table 1 order (NQ,
+TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then others) with EM, the LLM judge's accuracy and their
+unweighted average ("## Benchmarks"; results.json "benchmarks"):
+
+    python eval.py --model runs/x --data data/benchmarks --judge_url http://127.0.0.1:8001 --out_dir runs/x/bench
+
+Rollouts are greedy by default (temperature 0), one per question, through the same multi-turn loop as
+training (inference/rollout.py), so numbers measure the policy the trainer produces. Without --judge_url the
+judge column is exact match (no server). Outputs in --out_dir: results.json (protocol + metrics), results.md
+(the protocol, a table per data source and overall, the benchmarks, the title heuristic), examples.jsonl (one
+line per question), config.json (the resolved flags); a folder that already holds any of them is refused
 unless --overwrite is given. The loop, the metrics and the reports live in inference/evaluate.py, which
 the trainer calls for its periodic eval; this file is the command line over it.
 
@@ -71,10 +78,11 @@ from typing import Callable, Sequence
 
 # Project modules that load no torch / vLLM / transformers / numpy, so --help and a refused input stay fast (the
 # engines import vLLM or transformers when one is built); the retrievers, which do, are imported where used.
+from inference.benchmarks import eval_files
 from inference.data import EvalRow, load_eval_rows
 from inference.engine_api import RolloutEngine, TokenGenerator
 from inference.engines import VLLMEngine
-from inference.evaluate import EvalConfig, evaluate, markdown_report, protocol_lines, write_outputs
+from inference.evaluate import EvalConfig, evaluate, markdown_report, prompt_budget_error, protocol_lines, write_outputs
 from inference.hf_engine import HFEngine
 from inference.judge import Judge
 from inference.prompts import TEMPLATES
@@ -228,7 +236,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="engine seed (matters only with --temperature > 0)")
     # data
     p.add_argument("--data", nargs="+", default=None, help="eval files: JSONL or parquet rows with question, "
-                   "golden_answers, data_source (this or --eval_data is required)")
+                   "golden_answers, data_source; or a folder of benchmarks (FlashRAG's <benchmark>/test.jsonl, "
+                   "<benchmark>.jsonl / .parquet, Search-R1's test.parquet) (this or --eval_data is required)")
     p.add_argument("--eval_data", default=None, help="train.py's spelling: comma-separated eval files (added to --data)")
     p.add_argument("--eval_limit", "--limit", dest="limit", type=int, default=None,
                    help="use only the first N rows of each file (a quick slice)")
@@ -380,10 +389,13 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     every --data file is there and read whole (every file's bad rows listed), --model is a causal LM folder that
     loads (or a hub id), --index is a finished index whose manifest fits its folder, with a dense index's encoder
     and FAISS file at hand. InputError, one message, otherwise."""
-    missing = [f for f in a.data if not Path(f).is_file()]
+    missing = [f for f in a.data if not Path(f).exists()]
     if missing:
-        raise InputError(f"--data {' '.join(missing)}: no such file" + (f" ({missing[0]} is a folder)"
-                                                                        if Path(missing[0]).is_dir() else ""))
+        raise InputError(f"--data {' '.join(missing)}: no such file")
+    try:  # a folder of benchmarks (FlashRAG's <benchmark>/test.jsonl, Search-R1's test.parquet): its eval files
+        a.data = list(dict.fromkeys(f for d in a.data for f in eval_files(d)))
+    except InputError as e:
+        raise InputError(f"--data {e}") from None
     errs = model_path_errors(a.model) or model_folder_errors(a.model, flag="--model", role="the evaluated model")
     if errs:  # train.py's messages, in eval's spelling
         raise InputError("\n  - ".join([""] + errs if len(errs) > 1 else errs).replace("--model_path", "--model"))
@@ -405,6 +417,22 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
     if errors:
         raise InputError("\n".join(errors))
     return rows
+
+
+def check_prompt_budget(a: argparse.Namespace, rows: list[EvalRow], rollout: RolloutConfig) -> None:
+    """Every row's first prompt leaves room to answer: fewer tokens than min(--max_total_tokens, --max_model_len).
+    Counted with the model's tokenizer before the model loads; InputError naming the file, the line and the limit."""
+    from transformers import AutoTokenizer  # lazy: the cheap checks came first; the engine imports it anyway
+
+    cfg = EvalConfig(rollout=rollout, template=a.template, progress=False)
+    try:
+        err = prompt_budget_error(AutoTokenizer.from_pretrained(a.model), rows, cfg, a.max_model_len)
+    except InputError:
+        raise
+    except ValueError as e:  # render_chat: --template auto for a tokenizer without a chat template
+        raise InputError(f"--template {a.template}: {e}") from None
+    if err is not None:
+        raise err
 
 
 def build_search(a: argparse.Namespace, engine: TokenGenerator | None = None) -> tuple[Callable | None, str]:
@@ -439,9 +467,14 @@ def build_engine(a: argparse.Namespace) -> RolloutEngine:
 def main(argv: list[str] | None = None) -> int:
     keep_unused_imports_out()   # no sklearn import inside transformers (docs/PLATFORM_NOTES.md)
     a = parse_args(argv)
+    rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
+                            max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,
+                            topk=a.topk, temperature=a.temperature, seed=a.seed if a.temperature > 0 else None,
+                            self_search=a.self_search, schedule=a.rollout_schedule, max_inflight=a.max_inflight)
     try:
         fall_back_from_a_stopped_retriever(a)
         rows = read_inputs(a)
+        check_prompt_budget(a, rows, rollout)
     except InputError as e:  # a missing or wrong file, folder or row: one message (docs/TROUBLESHOOTING.md)
         return entry_point_error("eval.py", e)
     print(settings_table(a), flush=True)
@@ -454,10 +487,6 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as e:  # a dense index's encoder missing here: named, no traceback
         return entry_point_error("eval.py", e)
     judge = Judge(a.judge_url, model=a.judge_model, cache_path=a.judge_cache) if a.judge_url else Judge()
-    rollout = RolloutConfig(max_turns=a.max_turns, max_total_tokens=a.max_total_tokens,
-                            max_tokens_per_turn=a.max_tokens_per_turn, max_info_tokens=a.max_info_tokens,
-                            topk=a.topk, temperature=a.temperature, seed=a.seed if a.temperature > 0 else None,
-                            self_search=a.self_search, schedule=a.rollout_schedule, max_inflight=a.max_inflight)
     protocol = {
         "model": str(Path(a.model).resolve()),
         "engine": f"{a.engine} ({a.dtype})",

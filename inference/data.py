@@ -36,6 +36,9 @@ from utils.jsonl import iter_jsonl, not_utf8
 
 Answer = Any  # str | list[str]
 MAX_LISTED = 5  # bad rows listed in one error; the rest are counted
+ROW_SUFFIXES = (".jsonl", ".json", ".parquet")
+EVAL_SPLITS = ("test", "dev", "validation", "val")   # the split an eval reads from a folder of splits, first present
+SPLIT_STEMS = EVAL_SPLITS + ("train",)   # file names that say a split, not a data source (FlashRAG's nq/test.jsonl)
 
 
 @dataclass
@@ -53,6 +56,7 @@ class EvalRow:
     data_source: str
     id: str = ""
     meta: dict = field(default_factory=dict)
+    where: str = ""   # "FILE: line N" (item N of a JSON array, row N of a parquet file) for messages; "" when built in code
 
 
 class RowError(InputError):
@@ -407,9 +411,11 @@ def _question_text(v: Any) -> str | None:
 def load_eval_rows(path: str | Path, limit: int | None = None) -> list[EvalRow]:
     """Eval rows (question, golden answers as a list, data source) from JSONL or parquet.
 
-    A row without data_source takes the file's stem, so per-source tables still group it.
+    A row without data_source takes the file's stem, so per-source tables still group it; a file named by a split
+    (SPLIT_STEMS: FlashRAG's nq/test.jsonl) takes its folder's name instead.
     """
     path = Path(path)
+    source = path.resolve().parent.name if path.stem in SPLIT_STEMS and path.resolve().parent.name else path.stem
     index = itertools.count()  # a row without an id is known by its 0-based position among the rows (as before)
 
     def convert(row: dict, where: str) -> EvalRow:
@@ -421,11 +427,11 @@ def load_eval_rows(path: str | Path, limit: int | None = None) -> list[EvalRow]:
         if golden is None:
             raise _missing("golden answers", GOLDEN_KEYS, row)
         golden = [golden] if isinstance(golden, str) else list(golden)
-        ds = str(row.get("data_source") or path.stem)
+        ds = str(row.get("data_source") or source)
         rid = _first(row, ("id", "extra_info.index"), lambda v: v)
         rid = str(i if rid is None else rid)
         meta = {k: v for k, v in row.items() if k not in ("question", "golden_answers", "data_source", "id")}
-        return EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta)
+        return EvalRow(question=q, golden_answers=golden, data_source=ds, id=rid, meta=meta, where=f"{path}: {where}")
 
     return load_rows(path, convert, limit)
 

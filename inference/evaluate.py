@@ -3,6 +3,7 @@
     cfg = EvalConfig(rollout=RolloutConfig(max_turns=4, temperature=0.0), judge=Judge())
     result = evaluate(engine, rows, search_fn, cfg)     # {"overall", "per_source", "examples", "samples"}
     write_outputs(out_dir, protocol, result, settings)  # results.json, results.md, examples.jsonl
+    # results.json / results.md also hold one row per benchmark in SSP's Table 1 order (inference/benchmarks.py)
 
 eval.py is the command line over it (the run's protocol, the engine, the search backend, the judge)
 and its docstring says what every metric means: EM, F1, sub-EM, judge accuracy, the title heuristic
@@ -21,13 +22,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from inference.benchmarks import benchmark_markdown, benchmark_table
 from inference.data import EvalRow
 from inference.engine_api import TokenGenerator
 from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, doc_title
 from inference.self_search import build_self_search_prompt
 from inference.rewards import extract_answer
-from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts
+from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts, token_limit
+from utils.errors import InputError
 from utils.text import exact_match, f1_score, normalize_answer, substring_match
 
 METRICS = ("em", "f1", "sub_em", "judge_acc", "turns_mean", "searches_mean", "no_answer_rate")
@@ -160,8 +163,50 @@ def _question_title_em(search_fn: Callable | None, rows: Sequence[EvalRow], topk
     return [bool(docs) and bool(exact_match(doc_title(docs[0]), r.golden_answers)) for r, docs in zip(rows, results)]
 
 
+CHARS_PER_TOKEN_CAP = 16   # a question longer than this many characters per budget token is first tried cut there
+MAX_LISTED = 5             # over-budget rows named in one message; the rest are counted
+
+
+def solver_prompt(tokenizer: Any, question: str, cfg: EvalConfig) -> list[int]:
+    """The first prompt's token ids for `question`, as evaluate() rolls it out."""
+    build = build_self_search_prompt if cfg.rollout.self_search else build_solver_prompt
+    return build(tokenizer, question, cfg.template)
+
+
+def prompt_budget_error(tokenizer: Any, rows: Sequence[EvalRow], cfg: EvalConfig, max_model_len: int) -> InputError | None:
+    """The rows whose first prompt has as many tokens as the budget, min(cfg.rollout.max_total_tokens, max_model_len)
+    as rollout.token_limit, or more (no room is left to answer; the rollout loop would refuse it with a bare
+    ValueError), as one message (budget_error); None when all fit. A very long question is first measured cut to
+    CHARS_PER_TOKEN_CAP characters per budget token: past the budget already, it is refused without tokenizing
+    megabytes."""
+    limit, bad = min(cfg.rollout.max_total_tokens, max_model_len), []
+    for r in rows:
+        cut = CHARS_PER_TOKEN_CAP * limit
+        n, exact = len(solver_prompt(tokenizer, r.question[:cut], cfg)), len(r.question) <= cut
+        if n < limit and not exact:
+            n, exact = len(solver_prompt(tokenizer, r.question, cfg)), True
+        if n >= limit:
+            bad.append((r, n, exact))
+    return budget_error(bad, cfg, max_model_len) if bad else None
+
+
+def budget_error(bad: Sequence[tuple[EvalRow, int, bool]], cfg: EvalConfig, max_model_len: int) -> InputError:
+    """One message naming each (row, prompt tokens, whether counted whole) by its file and line (up to MAX_LISTED),
+    the budget, and the fixes."""
+    lines = [f"{r.where or f'row id {r.id} of {r.data_source}'}: the question is {len(r.question):,} characters and its "
+             f"prompt has {'' if exact else 'at least '}{n:,} tokens" for r, n, exact in bad[:MAX_LISTED]]
+    more = f" (the first {MAX_LISTED} shown)" if len(bad) > MAX_LISTED else ""
+    total = cfg.rollout.max_total_tokens
+    return InputError(
+        f"{len(bad)} question{'s' if len(bad) > 1 else ''} too long{more}: a prompt at or over the budget of "
+        f"{min(total, max_model_len)} tokens (the smaller of --max_total_tokens {total} and --max_model_len "
+        f"{max_model_len}) leaves no room to answer:\n    " + "\n    ".join(lines) + "\n  Fix: shorten the question or drop the row, or raise "
+        "--max_total_tokens and --max_model_len (within the model's context length)")
+
+
 def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callable | None, cfg: EvalConfig) -> dict:
-    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples"}.
+    """Roll out the solver cfg.samples times per row; returns {"overall", "per_source", "examples", "samples",
+    "llm_judge"} (llm_judge: whether an LLM judge gave the judge column; inference/benchmarks.py reads it).
 
     overall / per_source[src]: n, em, f1, sub_em, judge_acc, turns_mean, searches_mean,
     no_answer_rate, judge_failed, the title heuristic (title_baseline_em, question_title_em,
@@ -170,6 +215,8 @@ def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callabl
     SAMPLE_FIELDS are lists of K, in sample order; question_title_em is per row (None without search).
     """
     K = cfg.samples
+    limit = token_limit(engine, cfg.rollout)
+    max_model_len = int(getattr(engine, "max_model_len", cfg.rollout.max_total_tokens))
     examples: list[dict] = []
     per_chunk = max(1, cfg.batch_size // K)
     chunks = [rows[i: i + per_chunk] for i in range(0, len(rows), per_chunk)]
@@ -178,11 +225,13 @@ def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callabl
         from tqdm import tqdm
         bar = tqdm(total=len(rows), desc="eval" if K == 1 else f"eval ({K} samples/q)", unit="q")
     for chunk in chunks:
-        prompt = build_self_search_prompt if cfg.rollout.self_search else build_solver_prompt
         # K copies of each question, side by side: run_rollouts seeds trajectory i with (seed, i, turn),
         # so every sample of a question draws with its own seed, and each runs its own search loop.
-        reqs = [RolloutRequest("solver", f"eval-{r.id}", prompt(engine.tokenizer, r.question, cfg.template),
+        reqs = [RolloutRequest("solver", f"eval-{r.id}", solver_prompt(engine.tokenizer, r.question, cfg),
                                question=r.question, answer=r.golden_answers) for r in chunk for _ in range(K)]
+        bad = [(r, len(q.prompt_ids), True) for r, q in zip(chunk, reqs[::K]) if len(q.prompt_ids) >= limit]
+        if bad:   # the rows named, not the rollout loop's bare ValueError (eval.py checks every row before loading)
+            raise budget_error(bad, cfg, max_model_len)
         trajs = run_rollouts(engine, reqs, search_fn, cfg.rollout)
         preds = [extract_answer(t.response_text) for t in trajs]
         verdicts = cfg.judge.judge_many([JudgeItem(q.question, q.answer, p) for q, p in zip(reqs, preds)])
@@ -205,6 +254,7 @@ def evaluate(engine: TokenGenerator, rows: Sequence[EvalRow], search_fn: Callabl
         "per_source": {src: _group_metrics(recs, K) for src, recs in sorted(by_src.items())},
         "examples": examples,
         "samples": K,
+        "llm_judge": cfg.judge.mode == "llm",
     }
 
 
@@ -232,7 +282,7 @@ def markdown_report(protocol: dict, result: dict, settings: dict | None = None) 
     table = [] if not settings else ["", "| setting | value | source |", "|---|---|---|",
                                      *(f"| {k} | {s['value']} | {s['source']} |" for k, s in settings.items())]
     return "\n".join(["# Evaluation", "", "## Protocol", "", *protocol_lines(protocol), *table, "", "## Results", "",
-                      *note, head, *rows, "", *title_table(result), ""])
+                      *note, head, *rows, "", *benchmark_markdown(benchmark_table(result)), "", *title_table(result), ""])
 
 
 def hist_str(hist: dict) -> str:
@@ -263,7 +313,7 @@ def title_table(result: dict) -> list[str]:
 def write_outputs(out_dir: Path, protocol: dict, result: dict, settings: dict | None = None) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = {"protocol": protocol, **({"settings": settings} if settings else {}), "overall": result["overall"],
-               "per_source": result["per_source"]}
+               "per_source": result["per_source"], "benchmarks": benchmark_table(result)}
     (out_dir / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n")
     (out_dir / "results.md").write_text(markdown_report(protocol, result, settings))
     with open(out_dir / "examples.jsonl", "w", encoding="utf-8") as f:

@@ -27,7 +27,8 @@
 # latest checkpoint (a leg already done is skipped; a larger STEPS continues the run), and the eval
 # is redone (--overwrite). To change the RL recipe in an existing OUT, pass OVERWRITE=true (train.py
 # then deletes that run's checkpoints and starts over) or pick a new OUT; to redo the SFT, delete $OUT/sft.
-# The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale: the measured dtype,
+# The recipe is the learning proof's (scripts/learning_proof_cpu.sh) at a smaller scale, read from
+# scripts/recipe.sh (shared with scripts/own_data_cpu.sh, which runs it on a user's files): the measured dtype,
 # top layers trained, the same rollout protocol for SFT rendering, RL and eval, vLLM's log-probs as
 # the old log-probs, and the learning proof's game (the RAG check on the policy, 1-acc with penalty -1,
 # --min_searches 1, the pool's solve-rate window). The rollout protocol: 3 turns (at most 2 searches), 64
@@ -41,15 +42,15 @@ export SFT_DEMOS=${SFT_DEMOS:-960}   # cold-start demonstrations, the learning p
 export SFT_BATCH=${SFT_BATCH:-32}
 STEPS=${STEPS:-6}              # total SSP steps; the first leg runs half of them
 PROMPTS=${PROMPTS:-8}          # proposer prompts per SSP step (4 per rank), 4 solver samples per question
-LR=${LR:-2e-5}
 OVERWRITE=${OVERWRITE:-false}  # true: train.py may start over in an OUT whose recipe differs
 PORT=${PORT:-8765}
 PROPOSER_SEARCH=${PROPOSER_SEARCH:-retriever}
 SOLVER_SEARCH=${SOLVER_SEARCH:-retriever}
 EVAL_LIMIT=${EVAL_LIMIT:-16}   # rows per eval file
-MAX_TOKENS_PER_TURN=${MAX_TOKENS_PER_TURN:-64}   # the rollout protocol's tokens per model turn, RL and eval alike
-                                                 # (the smoke test's 16 cuts its generation, not its path)
 REPORT_TO=${REPORT_TO:-tensorboard}  # --report_to: tensorboard, wandb, mlflow (comma list); eval sends its table to the last two
+# LR (2e-5) and MAX_TOKENS_PER_TURN (64, the rollout protocol's tokens per model turn, RL and eval alike) are
+# scripts/recipe.sh's, as the game's flags are (RAG_VERIFY, PROPOSER_REWARD, FORMAT_PENALTY, POOL_SOLVE, ...)
+source scripts/recipe.sh
 EVAL_FILES=(data/eval/reading_heldout.jsonl data/eval/twohop_heldout.jsonl data/eval/capitals.jsonl data/eval/wiki_desc_heldout.jsonl)
 
 t_start=$(date +%s)
@@ -99,16 +100,11 @@ print("retriever up; 'capital of France' ->", [h["contents"].split("\n")[0] for 
 EOF
 stage_done retriever
 
-# Shared rollout protocol of SFT rendering, RL and eval (the learning proof's; kept identical on purpose).
-PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_tokens 1024 --max_info_tokens 160)
-TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
+# The recipe (scripts/recipe.sh): the learning proof's rollout protocol (PROTO, kept identical on purpose, SFT
+# rendering, RL and eval), its game (GAME, GAME_CPU) and the demo's learning settings (RL_CPU).
+TRAIN=(train.py --model_path "$SFT_DIR/hf" --dtype "$DTYPE" "${RL_CPU[@]}" "${GAME[@]}" "${GAME_CPU[@]}"
   --retriever_url "http://127.0.0.1:$PORT" --proposer_search "$PROPOSER_SEARCH" --solver_search "$SOLVER_SEARCH"
-  --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl
-  --prompts_per_step "$PROMPTS" --proposer_n 1 --solver_n 4 --min_searches 1 --min_question_words 4 --rag_verify policy
-  --rag_distractors 0 --proposer_reward 1-acc --format_penalty -1 --pool_min_solve_rate 0.01 --pool_max_solve_rate 0.99
-  --proposer_estimator reinforce++ --solver_estimator grpo
-  "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 512
-  --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --seed 1
+  --train_data data/train/proposer_mix.jsonl --pool_init data/train/solver_mix.jsonl --seed 1
   --save_every 1 --max_ckpts 2 --sample_every 1 --overwrite "$OVERWRITE" --output_dir "$OUT" --report_to "$REPORT_TO")
 # the 2 ranks split the cores (1 thread each on 2 cores: 3-4x faster than oversubscribing them)
 ssp() {  # leg target_steps port
@@ -135,24 +131,7 @@ for leg in 1 2; do
 done
 
 echo "== [4/5] the training games, per step (from $OUT/metrics.jsonl; full text of some games in $OUT/samples/)"
-$PY - "$OUT/metrics.jsonl" <<'EOF'
-import json, sys
-rows = {}
-for line in open(sys.argv[1]):
-    m = json.loads(line)
-    if "game/valid_rate" in m:
-        rows[m["step"]] = m   # a resumed run may log a step twice: the last one stands
-keys = [("game/valid_rate", "valid questions"), ("game/pool_fills", "pool fills"),
-        ("proposer/reward_mean", "proposer reward"), ("solver/acc", "solver acc"),
-        ("solver/searches_mean", "solver searches"), ("timing_s/step", "step s")]
-print("  step | " + " | ".join(name for _, name in keys))
-for s in sorted(rows):
-    print(f"  {s:4d} | " + " | ".join(f"{rows[s].get(k, float('nan')):{len(name)}.2f}" for k, name in keys))
-if rows:
-    n = len(rows)
-    print(f"  mean over {n} steps: valid questions {sum(r['game/valid_rate'] for r in rows.values()) / n:.2f}, "
-          f"solver acc {sum(r.get('solver/acc', 0.0) for r in rows.values()) / n:.2f}")
-EOF
+game_table "$OUT/metrics.jsonl"
 
 CKPT="$OUT/checkpoints/$(cat "$OUT/checkpoints/latest")/hf"
 hf_export_done "$CKPT" || { echo "demo: $CKPT holds no HF export" >&2; exit 1; }
@@ -163,7 +142,7 @@ case "$SOLVER_SEARCH" in   # the eval searches the way the solver searched in tr
   *) EVAL_SEARCH=(--retriever_url "http://127.0.0.1:$PORT") ;;
 esac
 OMP_NUM_THREADS=$NPROC $PY eval.py --model "$CKPT" --dtype "$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)" --data "${EVAL_FILES[@]}" --limit "$EVAL_LIMIT" \
-  "${EVAL_SEARCH[@]}" "${PROTO[@]}" --max_model_len 1024 --kv_cache_mb 1024 --batch_size 128 \
+  "${EVAL_SEARCH[@]}" "${EVAL_CPU[@]}" \
   --out_dir "$OUT/eval" --overwrite --report_to "$REPORT_TO"
 $PY - "$OUT/eval/examples.jsonl" <<'EOF'
 import json, sys

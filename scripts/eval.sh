@@ -5,6 +5,8 @@
 #   MODEL=runs/x/checkpoints/step_000100/hf bash scripts/eval.sh   # -> runs/eval/x_step_000100
 #   MODEL=runs/x bash scripts/eval.sh                     # the run's latest checkpoint
 #   RETRIEVER_URL=http://127.0.0.1:8000 JUDGE_URL=http://127.0.0.1:8001 bash scripts/eval.sh
+#   DATA=data/benchmarks JUDGE_URL=... bash scripts/eval.sh   # a folder of benchmarks (FlashRAG's nq/test.jsonl, ..,
+#                                                             # Search-R1's test.parquet): one row each, SSP's order
 #   ENGINE=hf bash scripts/eval.sh --max_turns 2          # extra args go to eval.py
 #   DRY_RUN=1 MODEL=runs/x bash scripts/eval.sh           # resolve and print the settings; load nothing
 # A MODEL inside a training run (train.py's output_dir) is evaluated under the run's rollout protocol

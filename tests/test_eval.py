@@ -110,6 +110,41 @@ def test_evaluate_groups_by_source(tiny_model_dir):
     assert all(e["turns"] == 1 and e["searches"] == 0 for e in res["examples"])
 
 
+def test_a_prompt_over_the_budget_names_its_row(tiny_model_dir):
+    """A question whose prompt fills the token budget is refused with its file and line, before any rollout:
+    by prompt_budget_error (what eval.py runs before the model loads; a huge question is measured cut) and by
+    evaluate() itself (the trainer's periodic eval), never by the rollout loop's bare ValueError."""
+    from transformers import AutoTokenizer
+
+    from inference.data import EvalRow
+    from inference.evaluate import EvalConfig, evaluate, prompt_budget_error
+    from inference.rollout import RolloutConfig
+    from utils.errors import InputError
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+
+    class NoGeneration:
+        tokenizer, max_model_len = tok, 256
+
+        def generate(self, prompts, samplings):
+            raise AssertionError("a rollout ran")
+
+    rows = [EvalRow("What is the capital of France?", ["Paris"], "a", "0", where="q.jsonl: line 1"),
+            EvalRow("word " * 300, ["x"], "a", "1", where="q.jsonl: line 2"),
+            EvalRow("word " * 200_000, ["x"], "b", "2")]        # built in code: known by its id
+    cfg = EvalConfig(rollout=RolloutConfig(max_turns=1, max_total_tokens=1024), progress=False)
+    err = prompt_budget_error(tok, rows, cfg, max_model_len=256)
+    text = str(err)
+    assert text.startswith("2 questions too long: a prompt at or over the budget of 256 tokens (the smaller of "
+                           "--max_total_tokens 1024 and --max_model_len 256)")
+    assert "q.jsonl: line 2: the question is 1,500 characters and its prompt has " in text and "line 1" not in text
+    assert "row id 2 of b: the question is 1,000,000 characters and its prompt has at least " in text
+    assert "shorten the question or drop the row" in text
+    assert prompt_budget_error(tok, rows[:1], cfg, max_model_len=256) is None
+    with pytest.raises(InputError, match="q.jsonl: line 2: the question is 1,500 characters"):
+        evaluate(NoGeneration(), rows, None, cfg)
+
+
 def test_cli_refuses_bad_flags(tmp_path, capsys):
     import eval as eval_cli
 
