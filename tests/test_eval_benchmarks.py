@@ -184,7 +184,7 @@ def test_eval_files_picks_the_eval_split_and_names_the_benchmark(tmp_path):
     (root / "nq/dev.jsonl").write_text((root / "nq/test.jsonl").read_text())
     (root / "bamboogle.jsonl").write_text('{"question": "q?", "golden_answers": ["a"]}\n')
     (root / "notes").mkdir()
-    (root / "notes/README.md").write_text("not rows\n")
+    (root / "notes" / "about.txt").write_text("not rows\n")
     assert eval_files(root) == [str(root / "bamboogle.jsonl"), str(root / "test.parquet"),
                                 str(root / "hotpotqa/dev.jsonl"), str(root / "nq/test.jsonl")]
     assert eval_files(root / "nq/dev.jsonl") == [str(root / "nq/dev.jsonl")]   # a file named on purpose is read
