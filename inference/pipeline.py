@@ -234,15 +234,12 @@ class RoundPipeline:
         v = rag_reply(t, reply)
         if not isinstance(v, str):
             self._rag_verdict(i, v)
-        elif self.cfg.rag_verify == "judge":
+        else:   # graded with the others ready in this pass (_rag_send), whichever model read the documents
             self.rag_items.append((i, JudgeItem(t.question, t.answer, v)))
-        else:
-            item = JudgeItem(t.question, t.answer, v)
-            self.loop.call(lambda: self.judge.judge_many([item])[0], lambda res: self._rag_verdict(i, rag_graded(res)),
-                           serial=True)
 
     def _rag_send(self) -> None:
-        """The judge verifier's waiting chats and gradings, in one call in a thread (as _grade): one call at a time,
+        """The judge verifier's waiting chats and every verifier's waiting gradings, in one call in a thread (as
+        _grade): one call at a time,
         what becomes ready meanwhile goes in the next. A judge that is down then costs a wave, not one per candidate."""
         if self.rag_busy or not (self.rag_asks or self.rag_items):
             return
