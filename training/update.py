@@ -147,8 +147,9 @@ def optimizer_step(engine, role: str, bad: bool = False) -> bool:
     DeepSpeed's ZeRO and bf16 optimizers skip a step of non-finite global gradient norm themselves (norm inf,
     on every rank); a bare torch optimizer (ZeRO-0, fp32) would apply it, so its gradients are checked here.
     zero_grad() also resets ZeRO-3's micro_step_id: the next accumulation overwrites the stale partitions."""
-    if engine.optimizer is getattr(engine, "basic_optimizer", None):
-        bad = bad or not all(bool(p.grad.isfinite().all()) for p in engine.module.parameters() if p.grad is not None)
+    if engine.optimizer is getattr(engine, "basic_optimizer", None):   # one device sync, not one per parameter
+        flags = [p.grad.isfinite().all() for p in engine.module.parameters() if p.grad is not None]
+        bad = bad or (bool(flags) and not bool(torch.stack(flags).all()))
     why = "loss inputs, log-probs or gradients"
     if D.all_reduce_max(float(bad)):
         engine.optimizer.zero_grad()
