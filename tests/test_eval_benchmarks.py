@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from tests.json_server import JSONHandler
 
 import pytest
 
@@ -56,22 +57,12 @@ def write_layout(root: Path) -> Path:
     return root
 
 
-class _Judge(BaseHTTPRequestHandler):
+class _Judge(JSONHandler):
     asked: list[str] = []
 
-    def log_message(self, *args) -> None:   # quiet
-        pass
-
-    def _send(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self) -> None:
-        self._send({"object": "list", "data": [{"id": "judge", "object": "model"}]})
+        self._reply({"object": "list", "data": [{"id": "judge", "object": "model"}]})
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -79,7 +70,7 @@ class _Judge(BaseHTTPRequestHandler):
         answer = user.split("Candidate answer: ", 1)[1].split("\n", 1)[0]
         type(self).asked.append(answer)
         reply = "yes" if answer in PARAPHRASES else "no"
-        self._send({"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]})
+        self._reply({"choices": [{"index": 0, "message": {"role": "assistant", "content": reply}, "finish_reason": "stop"}]})
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from inference.judge import Judge, JudgeItem, parse_verdict
+from tests.json_server import JSONHandler
 from tests.inference.test_judge_hang import hang, hang_url  # noqa: F401 - fixtures: a judge that never answers
 
 # Wrong-by-exact-match items, so each one needs the judge model.
@@ -292,21 +293,10 @@ def test_cache_shared_by_concurrent_processes(tmp_path):
 
 # ---- a tiny real HTTP server on 127.0.0.1 that records what the client sends ----------------------
 
-class _Recorder(BaseHTTPRequestHandler):
+class _Recorder(JSONHandler):
     """OpenAI-compatible enough: /v1/models names "m1"; a chat answers "yes" for model m1, "no" otherwise."""
 
     seen: list = []
-
-    def log_message(self, *args):  # keep the test output clean
-        pass
-
-    def _reply(self, body: dict) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
 
     def do_GET(self):
         self.seen.append((self.path, self.headers.get("Authorization"), None))

@@ -5,10 +5,9 @@ simulator itself; an unseeded simulator (temperature 0.8) wrote each rank other 
 
 from __future__ import annotations
 
-import json
 import random
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -18,35 +17,26 @@ from inference.simulated_search import SimulatedSearch
 from tests.inference.test_pipeline import ScriptedPolicy, _same_round, tokenizer  # noqa: F401 - the fixture
 from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
 from training.search import TimedSearch
+from tests.json_server import JSONHandler
 
 pytestmark = pytest.mark.timeout(300)
 
 
-class Unseeded(BaseHTTPRequestHandler):
+class Unseeded(JSONHandler):
     """An OpenAI-compatible simulator that samples as a real one at temperature 0.8 does without a seed: every
     document differs, whoever asks. It stands in for the simulator LLM, whose text this test does not read."""
     rng = random.Random()
     asked = 0
 
-    def _send(self, body):
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
     def do_GET(self):  # noqa: N802
-        self._send({"data": [{"id": "sim"}]})
+        self._reply({"data": [{"id": "sim"}]})
 
     def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers["Content-Length"]))
         type(self).asked += 1
         text = f"Title: Page {self.rng.randrange(10**6)}\nA passage about Lincoln, number {self.rng.randrange(10**6)}."
-        self._send({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]})
+        self._reply({"choices": [{"message": {"content": text}, "finish_reason": "stop"}]})
 
-    def log_message(self, *args):
-        pass
 
 
 @pytest.fixture
