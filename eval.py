@@ -88,7 +88,7 @@ from inference.judge import Judge
 from inference.prompts import TEMPLATES
 from inference.rollout import ROLLOUT_FLAGS, RolloutConfig, rollout_flag_errors
 from inference.simulated_search import SimulatedSearch
-from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from retrieval.manifest import check_index
 from training.config import Config, RolloutArgs, SearchArgs, add_field_flags, parse_bool
 from training.input_checks import model_folder_errors, model_path_errors, report_to_errors
 from utils.dist import keep_unused_imports_out, local_device
@@ -401,10 +401,7 @@ def read_inputs(a: argparse.Namespace) -> list[EvalRow]:
         raise InputError("\n  - ".join([""] + errs if len(errs) > 1 else errs).replace("--model_path", "--model"))
     if a.index:
         try:
-            m = read_manifest(a.index)
-            if m["kind"] == "dense":
-                resolve_encoder(m, None, a.index)
-                index_file(a.index, m)
+            check_index(a.index)
         except InputError as e:
             raise InputError(f"--index {a.index}: {e}") from None
     rows: list[EvalRow] = []

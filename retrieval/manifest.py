@@ -134,6 +134,17 @@ def resolve_encoder(manifest: dict, encoder: str | os.PathLike | None, index_dir
     return path
 
 
+def check_index(index_dir: str | os.PathLike) -> dict:
+    """A finished index whose manifest fits its folder, with a dense index's encoder and FAISS file at hand; its
+    manifest. Nothing is loaded. The one check train.py's preflight, eval.py and dataprep.check_inputs make;
+    InputError (ManifestError, IndexFileMissing, EncoderMismatch) naming what is wrong otherwise."""
+    m = read_manifest(index_dir)
+    if m["kind"] == "dense":
+        resolve_encoder(m, None, index_dir)
+        index_file(index_dir, m)
+    return m
+
+
 def import_bm25s():
     """bm25s, imported so that it leaves the GPUs alone.
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.data import load_eval_rows, load_proposer_rows
-from retrieval.manifest import index_file, read_manifest, resolve_encoder
+from retrieval.manifest import check_index
 from training.config import needs_critic
 from training.input_checks import model_folder_errors
 from utils.errors import InputError
@@ -73,10 +73,7 @@ def index_errors(cfg) -> list[str]:
     if "retriever" not in (s.proposer_search, s.solver_search) or s.retriever_url or not Path(s.index).exists():
         return []
     try:
-        m = read_manifest(s.index)
-        if m["kind"] == "dense":
-            resolve_encoder(m, None, s.index)
-            index_file(s.index, m)
+        check_index(s.index)
     except InputError as e:
         return [f"--index: {e}"]
     return []
