@@ -23,7 +23,7 @@ Writes section "rollout_async" of bench/RESULTS.md and rollout_async.* keys of b
     .venv/bin/python bench/bench_rollout_async.py --step             # the whole SSP step, both schedules
 
 --step plays inference.game.play_round (proposers with search, the cheap filters, the policy's RAG check, pool
-fills, solver groups, grading, rewards) with the same engine, rows and seed under both schedules: in stages
+fills, solver groups, grading, rewards) with the same engine, rows and seed under both schedules: in waves
 (turn) and as a pipeline (trajectory). Searches wait --step-search-ms, and the judge (the exact-match Judge behind
 a wrapper) waits --step-judge-ms per call, like a remote judge. Sampling at temperature 1 with a seed, so the
 game is alive and both schedules sample the same tokens; the report checks the rounds came out identical.

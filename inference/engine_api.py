@@ -223,8 +223,8 @@ class SteppedGenerator(TokenGenerator, Protocol):
 class GenerateStepper:
     """submit()/step() over any engine that only has generate(): a step generates every request submitted
     since the previous one, as one batch, to its stop. The rollout's trajectory schedule uses it for such
-    engines (test doubles, HFEngine): then it makes the same engine calls as the turn schedule, except that
-    trajectories whose search comes back late start their next turn in a later batch."""
+    engines (test doubles, HFEngine): then each wave of the turn schedule is one generate() call, and under the
+    trajectory schedule trajectories whose search comes back late start their next turn in a later batch."""
 
     def __init__(self, engine: Any):
         self.engine = engine

@@ -12,9 +12,10 @@
     proposer reward = 1 - acc  |  4 s (1 - s) over its solver group;  format_penalty if invalid
     pool <- each valid question whose solve rate s lies in [pool_min_solve_rate, pool_max_solve_rate]
 
-Two schedules play it (inference/pipeline.py): in stages, as above (the turn schedule), or as a pipeline (the
-trajectory schedule: each proposer is checked, and its solver group starts, as soon as it ends; each solver is
-graded as it ends). Both give the same round for one seed.
+One pipeline plays it (inference/pipeline.py): each proposer is checked, and its solver group starts, as soon as it
+ends; each solver is graded as it ends. Under the turn schedule (or with a search back-end that may not run beside
+the engine) the same pipeline runs in waves, one a turn (inference/step_loop.py, barrier). Both give the same round
+for one seed.
 
 Slots: slot i belongs to proposer trajectory i (its question when valid, else a pool question drawn by
 FillPlan, else none); fixed QA questions take the slots after. Group ids: the G_p samples of proposer prompt i
@@ -55,9 +56,8 @@ from inference.pipeline import (QCP_DOC_CHARS, FillPlan, Played, RoundPipeline, 
                                 proposer_requests, qa_question, qcp_of, slot_question, solver_requests)
 from inference.rag_check import rag_rng
 from inference.rewards import PROPOSER_REWARD_KINDS, is_answer_spam, proposer_reward, solver_reward
-from inference.rollout import RolloutConfig, concurrent_search, run_rollouts, search_attr
+from inference.rollout import RolloutConfig, needs_barrier, search_attr
 from inference.self_search import shape_solver_rewards
-from inference.step_loop import first_rank_value, in_lockstep
 from inference.trajectory import GameMeta, Trajectory
 
 log = logging.getLogger(__name__)
@@ -181,9 +181,9 @@ class GameResult:
     stats: dict[str, float] = field(default_factory=dict)
 
 
-# ---- the round, in stages ----------------------------------------------------------------------
-# Each stage reads what it needs from the trajectories (answer, meta), so the
-# stages can also be driven on hand-made trajectories.
+# ---- the round's pieces ------------------------------------------------------------------------
+# Each reads what it needs from the trajectories (answer, meta), so they can also be driven on hand-made
+# trajectories (validate: every candidate's checks at once, as the pipeline makes them one by one).
 
 def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, SearchFn | None]:
     if isinstance(search_fn, dict):
@@ -192,12 +192,6 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
             raise ValueError(f"search_fn dict keys must be 'proposer' and 'solver', got extra {sorted(unknown)}")
         return search_fn.get("proposer"), search_fn.get("solver")
     return search_fn, search_fn
-
-
-def propose(engine: Any, rows: Sequence[ProposerRow], search_fn: SearchFn | None, cfg: GameConfig,
-            rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
-    """G_p proposer rollouts per row; the G_p samples of row i share group id "s{step}-p{i}"."""
-    return run_rollouts(engine, proposer_requests(engine.tokenizer, rows, cfg, step), search_fn, rollout_cfg)
 
 
 def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
@@ -227,19 +221,6 @@ def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig
     for i, why in refused.items():
         reasons[i] = why
     return reasons, verdict
-
-
-def solve(engine: Any, questions: list[dict] | dict[int, dict], search_fn: SearchFn | None, cfg: GameConfig,
-          rollout_cfg: RolloutConfig, step: int | str) -> list[Trajectory]:
-    """G_s solver rollouts per question in ONE batched call; slot j's group is "s{step}-q{j}".
-
-    questions: {"question", "answer", "proposer": index of the proposer trajectory or None (from the pool)},
-    as a list (slot = position) or {slot: question}.
-    """
-    slots = questions.items() if isinstance(questions, dict) else enumerate(questions)
-    reqs = [r for j, q in sorted(slots, key=lambda jq: jq[0])
-            for r in solver_requests(engine.tokenizer, j, q, cfg, rollout_cfg, step)]
-    return run_rollouts(engine, reqs, search_fn, rollout_cfg) if reqs else []
 
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,
@@ -310,12 +291,11 @@ def play_round(
     n_props = len(rows) * cfg.proposer_n
     plan = FillPlan(pool.shuffled() if (pool is not None and cfg.use_pool) else [], n_props)
     rng_for = lambda i: rag_rng(cfg.seed, tag, i)  # noqa: E731  candidate i's own draws, in both schedules
-    if pipelined(prop_rcfg, sol_rcfg, prop_search, solver_search):
-        played = RoundPipeline(engine, judge, cfg, prop_search, solver_search, prop_rcfg, sol_rcfg, tag, plan,
-                               rng_for, q_search).play(rows, qa_questions)
-    else:
-        played = play_staged(engine, rows, prop_search, solver_search, judge, cfg, prop_rcfg, sol_rcfg, tag, plan,
-                             rng_for, qa_questions)
+    barrier = needs_barrier(prop_rcfg, prop_search) or needs_barrier(sol_rcfg, solver_search)
+    probe_search = uncounted(solver_search)   # a metric's search, not the policy's: not in search/calls
+    played = RoundPipeline(engine, judge, cfg, prop_search, solver_search, prop_rcfg, sol_rcfg, tag, plan, rng_for,
+                           q_search, barrier, lambda qs, ans: one_search_answerable(qs, ans, probe_search, sol_rcfg.topk)
+                           ).play(rows, qa_questions)
     props, reasons, verdict, fills, sols = played.props, played.reasons, played.verdict, played.fills, played.sols
     valid = [i for i, why in enumerate(reasons) if why is None]
     qcps = {i: qcp_of(props[i]) for i in valid}
@@ -327,15 +307,13 @@ def play_round(
     # question's solve rate is known
     admitted = admit_to_pool(pool, props, sols, valid, qcps, cfg, step) if pool is not None else 0
 
-    # a probe for the stats: a TP group's first rank asks, and shares the answer (the pipeline's rule)
-    one_search = first_rank_value(engine, lambda: one_search_answerable(
-        [props[i].question for i in valid], [props[i].answer for i in valid], uncounted(solver_search), sol_rcfg.topk))
+    one_search = played.probe   # asked by the pipeline once every proposer was decided
     for f in fills:   # FillPlan hands out the pool's own items: each counts its servings, this one included
         f["served"] = f.get("served", 0) + 1
     stats = _stats(props, sols, reasons, verdict, len(fills), pool, [f["question"] for f in fills], one_search,
                    admitted=admitted, rows=rows, served_counts=[f["served"] for f in fills])
     stats.update(excluded)
-    stats["game/pipelined"] = float(played.sol_verdicts is not None)  # 1: the pipeline (trajectory schedule) played it
+    stats["game/pipelined"] = float(not barrier)  # 1: no barrier (the trajectory schedule); 0: in waves, one a turn
     for k in ("calls", "failures", "cache_hits", "em_hits", "unparsed"):
         stats[f"judge/{k}"] = judge.stats[k] - judge_before[k]
     if cfg.self_search_format_reward:
@@ -359,31 +337,6 @@ def uncounted(search: Any) -> Any:
     if search is None or search_attr(search, "wants_context", False):
         return search
     return search_attr(search, "uncounted", search)
-
-
-def pipelined(prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, prop_search: Any, solver_search: Any) -> bool:
-    """Whether the round runs as a pipeline (inference/pipeline.py): both roles on the trajectory schedule, and
-    both search backends safe to call from threads (simulated search is not: its round runs in stages)."""
-    return (prop_rcfg.schedule == sol_rcfg.schedule == "trajectory" and concurrent_search(prop_search)
-            and concurrent_search(solver_search))
-
-
-def play_staged(engine: Any, rows: Sequence[ProposerRow], prop_search: Any, solver_search: Any, judge: Judge,
-                cfg: GameConfig, prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
-                rng_for: Callable[[int], random.Random], qa_questions: Sequence[dict]) -> Played:
-    """The round in stages (the turn schedule): propose all, check all, solve all; play_round grades them all."""
-    if in_lockstep(engine):  # validate_args refuses the flags that lead here
-        raise RuntimeError("a staged round (the turn schedule, or simulated search on the policy's engine) calls the "
-                           "search and the judge on every rank of a tensor-parallel group; it would split the group")
-    props = propose(engine, rows, prop_search, cfg, prop_rcfg, tag) if rows else []
-    # the policy verifier reads the documents as the solver's rollouts are cut
-    reasons, verdict = validate(props, engine, judge, cfg, rng_for, sol_rcfg.max_info_tokens, solver_search,
-                                sol_rcfg.topk) if props else ([], {})
-    fills = plan.all(reasons)
-    questions = {i: q for i in range(len(props)) if (q := slot_question(i, props, reasons, fills.get(i))) is not None}
-    questions.update({len(props) + m: qa_question(q) for m, q in enumerate(qa_questions)})
-    sols = solve(engine, questions, solver_search, cfg, sol_rcfg, tag)
-    return Played(props, reasons, verdict, [fills[i] for i in sorted(fills)], sols)
 
 
 def mark_excluded(props: list[Trajectory], sols: list[Trajectory], verdict: dict[int, bool | None]) -> dict[str, int]:

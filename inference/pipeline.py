@@ -1,4 +1,4 @@
-"""The game's round as a pipeline (the trajectory schedule): no stage waits for the whole batch.
+"""The game's round as a pipeline: no stage waits for the whole batch.
 
     every proposer rollout, and every fixed-QA solver group, start on one StepLoop (inference/step_loop.py)
     a proposer ends -> its cheap filters -> its RAG check (once the distractors it draws have ended:
@@ -9,8 +9,9 @@
                        one call), while the others decode
     after the loop  -> the proposers' rewards, read off their solver groups (inference/game.py score())
 
-The turn schedule plays the same round in stages (propose all, check all, solve all, grade all). Both draw
-the same things, so for one seed they give the same trajectories and rewards:
+Under the turn schedule the same pipeline runs in waves, one a turn (StepLoop barrier=True: every call between two
+waves, in the loop's thread), as does a round whose search may not run beside the engine. What the round draws does
+not depend on when a trajectory ends, so for one seed both give the same trajectories and rewards:
   * slot i belongs to proposer trajectory i: its own question when valid, else a past question from the
     pool (FillPlan); fixed QA questions take the slots after the proposers'. Slot j's solver group is
     "s{tag}-q{j}" and samples with seed index j * G_s + k, whenever it starts;
@@ -69,12 +70,6 @@ class FillPlan:
         spare += self.order[self.slots:]
         return dict(zip(late, spare))
 
-    def all(self, reasons: Sequence[str | None]) -> dict[int, dict]:
-        """Every invalid slot's fill (the staged round)."""
-        out = {i: self.now(i) for i, r in enumerate(reasons) if r is not None and self.now(i) is not None}
-        out.update(self.late(reasons))
-        return out
-
 
 def proposer_requests(tok: Any, rows: Sequence[ProposerRow], cfg: Any, tag: Any) -> list[RolloutRequest]:
     """G_p proposer rollouts per row; the G_p samples of row i share group id "s{tag}-p{i}"."""
@@ -123,8 +118,9 @@ class Played:
     verdict: dict[int, bool | None]
     fills: list[dict]
     sols: list[Trajectory]
-    sol_verdicts: list[Any] | None = None
+    sol_verdicts: list[Any]
     timing: dict = field(default_factory=dict)
+    probe: Any = None   # what `probe` returned for the valid questions (game_metrics.one_search_answerable)
 
 
 class RoundPipeline:
@@ -132,12 +128,14 @@ class RoundPipeline:
 
     def __init__(self, engine: Any, judge: Judge, cfg: Any, prop_search: Any, solver_search: Any,
                  prop_rcfg: RolloutConfig, sol_rcfg: RolloutConfig, tag: Any, plan: FillPlan,
-                 rng_for: Callable[[int], Any], q_search: Any = None):
+                 rng_for: Callable[[int], Any], q_search: Any = None, barrier: bool = False,
+                 probe: Callable[[list[str], list[Any]], Any] | None = None):
         self.engine, self.judge, self.cfg, self.tag, self.plan, self.rng_for = engine, judge, cfg, tag, plan, rng_for
         self.q_search = q_search   # the question checks' search (game.question_searcher); None: none searches
+        self.probe, self.probed = probe, None   # a metric's call on the valid questions, once all are decided
         self.sol_rcfg = sol_rcfg
         self.tok = engine.tokenizer
-        self.loop = StepLoop(engine, sol_rcfg.max_inflight, sol_rcfg.search_workers)
+        self.loop = StepLoop(engine, sol_rcfg.max_inflight, sol_rcfg.search_workers, barrier=barrier)
         self.props_batch = RolloutBatch(self.loop, prop_search, prop_rcfg, self.tok, token_limit(engine, prop_rcfg),
                                         on_done=self._proposer_done)
         self.sol_limit = token_limit(engine, sol_rcfg)
@@ -187,7 +185,7 @@ class RoundPipeline:
         states = [s for slot in sorted(self.sol_states) for s in self.sol_states[slot]]
         return Played(self.props, self.reasons, self.verdict, [self.fills[i] for i in sorted(self.fills)],
                       [to_trajectory(s, self.tok) for s in states], [self.graded[id(s)] for s in states],
-                      {"engine_idle_s": self.loop.idle_s, "engine_steps": self.loop.steps})
+                      {"engine_idle_s": self.loop.idle_s, "engine_steps": self.loop.steps}, self.probed)
 
     # --- proposers ---------------------------------------------------------------------------------
     def _proposer_done(self, s: Any) -> None:
@@ -280,6 +278,10 @@ class RoundPipeline:
             self._all_decided()
 
     def _all_decided(self) -> None:
+        if self.probe is not None:   # a call like the others: a TP group's first rank makes it and shares it
+            valid = [i for i, why in enumerate(self.reasons) if why is None]
+            qs, ans, probe = [self.props[i].question for i in valid], [self.props[i].answer for i in valid], self.probe
+            self.loop.call(lambda: probe(qs, ans), lambda got: setattr(self, "probed", got))
         for slot, fill in self.plan.late(self.reasons).items():
             self.fills[slot] = fill
             self._start_solvers(slot, slot_question(slot, self.props, self.reasons, fill))

@@ -195,8 +195,8 @@ def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: ra
     others are shuffled with `rng` and scanned in that order, keeping those with documents, so the draw is the
     same whenever the others end. None = a trajectory the scan needs is still running; ask again later.
     rows[j]: trajectory j's prompt row, known before it ends (the pipeline passes its requests' rows): a
-    still-running sibling of candidate i must be left out of the draw as the staged round leaves it out, or
-    the shuffle, hence the pick, differs. None = read off props, which must then all have ended."""
+    still-running sibling of candidate i must be left out of the draw as a check of ended trajectories (validate)
+    leaves it out, or the shuffle, hence the pick, differs. None = read off props, which must then all have ended."""
     rows = [t.meta.row for t in props] if rows is None else rows
     others = [j for j in range(len(props)) if j != i and rows[j] != rows[i]]
     rng.shuffle(others)
@@ -251,8 +251,8 @@ def rag_rng(seed: int, tag: Any, i: int) -> random.Random:
 def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGenerator, judge: Judge, cfg: RagSettings,
               rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
     """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
-    (the verifier gave no reply, or the judge failed on a non-exact-match answer). Every candidate at once: the
-    game's turn schedule (the pipeline checks each as it ends, with the same pieces and the same draws).
+    (the verifier gave no reply, or the judge failed on a non-exact-match answer). Every candidate at once: game.validate
+    (the round's pipeline checks each as it ends, with the same pieces and the same draws).
 
     The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
     exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
@@ -296,8 +296,8 @@ def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGener
 def check_questions(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: RagSettings,
                     rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int, search: Any,
                     topk: int) -> tuple[dict[int, str], dict[int, bool | None]]:
-    """The checks after the cheap filters, every candidate at once (the staged round; the pipeline makes the same
-    per candidate): one search of each question (shortcut_title, the retrieval verdict) on the lockstep group's
+    """The checks after the cheap filters, every candidate at once (game.validate, on hand-made trajectories; the
+    round's pipeline makes the same per candidate): one search of each question (shortcut_title, the retrieval verdict) on the lockstep group's
     first rank, then the reader (policy or judge) on those it neither refused nor failed. Returns the refusals'
     reasons and the verdicts of the candidates not refused as shortcuts. search: game.question_searcher's."""
     pre = {i: True for i in candidates}

@@ -1,22 +1,23 @@
 """The multi-turn rollout loop: many trajectories at once, token ids and loss mask built as they go.
 
-Two schedules (RolloutConfig.schedule, --rollout_schedule), which give the same trajectories:
+One loop: one state machine per trajectory (RolloutBatch) over a stepped engine (engine.submit/step) driven by
+inference/step_loop.StepLoop. A trajectory whose turn ends in a search hands it to a thread and the engine keeps
+decoding the others; the moment its documents are back its next turn joins the running batch. No turn barrier:
+a long turn holds up only its own trajectory, and search latency is hidden behind decoding.
 
-"trajectory" (default): one state machine per trajectory over a stepped engine (engine.submit/step).
-A trajectory whose turn ends in a search hands it to a thread pool and the engine keeps decoding the
-others; the moment its documents are back its next turn joins the running batch. No turn barrier: a
-long turn holds up only its own trajectory, and search latency is hidden behind decoding. Stateful
-search backends (simulated search, `concurrent_safe = False`) run under the turn schedule instead.
-
-"turn" (the original loop, kept for comparison and tests):
+RolloutConfig.schedule (--rollout_schedule) "turn" is a setting of the same loop, which then runs in waves (StepLoop
+barrier=True), as the original turn loop did; both give the same trajectories:
 
     for turn in range(max_turns):
-        outs = engine.generate([t.ids for t in active], ...)     # ONE engine call per turn
+        every active trajectory decodes one turn                   # one wave of the engine
         append each turn's sampled tokens                          (mask 1, engine log-probs)
         action = parse_action(this turn's text)                    # last complete tag
         answer/question -> done;  search -> queued;  nothing -> done
-        docs = search_fn(all queued queries, topk)                 # ONE search call per turn
+        docs = search_fn(all queued queries, topk)                 # in the loop's thread, the engine empty
         append "\\n\\n<information>" + format_docs(docs) + "</information>\\n\\n"   (mask 0)
+
+A search back-end that may not be called beside the engine (`concurrent_safe = False`: simulated search on the
+policy's own engine, which calls engine.generate) runs the waves whatever the schedule says.
 
 Token ids are the source of truth: the sampled ids are kept verbatim (also the part of a
 token that overshoots a stop string, e.g. "</search>\\n"), and only the new information
@@ -83,12 +84,12 @@ class RolloutConfig:
     schedule: str = "trajectory"
     """"trajectory": each trajectory runs on its own through a stepped engine; its search runs in a thread
     while the others decode, and its next turn joins the running batch when the documents are back.
-    "turn": one engine call per turn for every trajectory, then one search call for all of them."""
+    "turn": the same loop in waves, one a turn: every trajectory's turn, then the turn's searches (a comparison)."""
     max_inflight: int = 0
-    """Trajectory schedule: at most this many sequences in the engine at once (0 = no bound beyond the
+    """At most this many sequences in the engine at once (0 = no bound beyond the
     engine's own scheduler and KV budget, which queue what does not fit)."""
     search_workers: int = 16
-    """Trajectory schedule: threads serving search calls concurrently."""
+    """Threads serving search calls concurrently (none in waves: the turn schedule calls in the loop's thread)."""
 
     def __post_init__(self) -> None:
         errs = rollout_errors(vars(self))
@@ -215,8 +216,7 @@ def run_rollouts(
 ) -> list[Trajectory]:
     """Roll out every request to the end; returns one Trajectory per request, in order.
 
-    cfg.schedule picks the loop: "trajectory" (_per_trajectory, the default) or "turn" (one engine call
-    and one search call per turn). `stats`, when given, receives the schedule that ran, its wall seconds
+    cfg.schedule "turn" runs the loop in waves (needs_barrier). `stats`, when given, receives the schedule that ran, its wall seconds
     and the seconds the engine had nothing to run ("engine_idle_s": waiting on searches).
     """
     if cfg.self_search and search_fn is not None:
@@ -225,18 +225,11 @@ def run_rollouts(
     limit = token_limit(engine, cfg)
     states = [new_state(r, i, limit) for i, r in enumerate(requests)]
 
-    schedule = cfg.schedule
-    if schedule == "trajectory" and not concurrent_search(search_fn):
-        # A stateful backend (simulated search: its RNG, and maybe the policy's own engine) must see the
-        # calls in the order, and outside the stepping, that the turn schedule gives it.
-        log.info("rollout: %s is not safe to call concurrently; running the turn schedule", _describe(search_fn))
-        schedule = "turn"
+    barrier = needs_barrier(cfg, search_fn)
     t0 = time.perf_counter()
     timing = {"engine_idle_s": 0.0}
-    if schedule == "trajectory":
-        _per_trajectory(engine, states, search_fn, cfg, tok, limit, timing)
-    else:
-        _per_turn(engine, states, search_fn, cfg, tok, limit, timing)
+    _per_trajectory(engine, states, search_fn, cfg, tok, limit, timing, barrier)
+    schedule = "turn" if barrier else "trajectory"
     if stats is not None:
         stats.update(timing, schedule=schedule, wall_s=time.perf_counter() - t0)
     for s in states:
@@ -277,9 +270,14 @@ def concurrent_search(search_fn: SearchFn | None) -> bool:
     return search_fn is None or bool(search_attr(search_fn, "concurrent_safe", True))
 
 
-def _describe(search_fn: Any) -> str:
-    owner = getattr(search_fn, "__self__", None)
-    return type(owner).__name__ + ".search" if owner is not None else repr(search_fn)
+def needs_barrier(cfg: RolloutConfig, *search_fns: SearchFn | None) -> bool:
+    """Whether the loop runs in waves (StepLoop barrier=True): the turn schedule asked for, or a search back-end
+    that may not be called beside the engine (simulated search on the policy's own engine)."""
+    barrier = cfg.schedule == "turn" or not all(concurrent_search(f) for f in search_fns)
+    if barrier and cfg.schedule != "turn":
+        log.info("rollout: a search back-end is not safe to call beside the engine; the loop runs in waves (the turn "
+                 "schedule)")
+    return barrier
 
 
 def _sampling_for(s: _State, i: int, cfg: RolloutConfig, search_fn: SearchFn | None, limit: int) -> SamplingConfig:
@@ -294,40 +292,10 @@ def _sampling_for(s: _State, i: int, cfg: RolloutConfig, search_fn: SearchFn | N
     )
 
 
-def _per_turn(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any,
-              limit: int, timing: dict) -> None:
-    """The turn schedule: every active trajectory's turn in one engine call, then one search call for all."""
-    bar = None
-    if cfg.progress:
-        from tqdm import tqdm
-        bar = tqdm(total=cfg.max_turns, desc="rollout turns", leave=False)
-    for turn in range(cfg.max_turns):
-        active = [i for i, s in enumerate(states) if not s.done]
-        if not active:
-            break
-        t0 = time.perf_counter()
-        _serve_searches([states[i] for i in active], search_fn, cfg, tok, limit)
-        timing["engine_idle_s"] += time.perf_counter() - t0
-        active = [i for i in active if not states[i].done]
-        if not active:
-            break
-        # every active trajectory has had exactly `turn` turns, so _sampling_for's seed is today's (seed, i, turn)
-        samplings = [_sampling_for(states[i], states[i].index, cfg, search_fn, limit) for i in active]
-        outs = engine.generate([states[i].ids for i in active], samplings)
-        if len(outs) != len(active):
-            raise RuntimeError(f"engine returned {len(outs)} outputs for {len(active)} prompts")
-        for i, out in zip(active, outs):
-            _absorb_turn(states[i], out, cfg, tok, search_fn, limit)
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
-
-
 def _per_trajectory(engine: Any, states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any,
-                    limit: int, timing: dict) -> None:
-    """The trajectory schedule: every trajectory a RolloutBatch on one StepLoop (inference/step_loop.py)."""
-    loop = StepLoop(engine, cfg.max_inflight, cfg.search_workers)
+                    limit: int, timing: dict, barrier: bool) -> None:
+    """Every trajectory a RolloutBatch on one StepLoop (inference/step_loop.py); barrier: in waves, one a turn."""
+    loop = StepLoop(engine, cfg.max_inflight, cfg.search_workers, barrier=barrier)
     batch = RolloutBatch(loop, search_fn, cfg, tok, limit)
     for s in states:
         batch.start(s)
@@ -454,14 +422,6 @@ def _absorb_turn(s: _State, out: Any, cfg: RolloutConfig, tok: Any, search_fn: S
         s.cap = "turn" if len(out.token_ids) >= cfg.max_tokens_per_turn else "total"
     else:
         s.stop_reason = "no_action"
-
-
-def _serve_searches(states: list[_State], search_fn: SearchFn | None, cfg: RolloutConfig, tok: Any, limit: int) -> None:
-    """One search_fn call for every queued query; append each trajectory's information block (mask 0)."""
-    waiting = [s for s in states if s.pending_query is not None]
-    if not waiting:
-        return
-    _answer_searches(waiting, _fetch_docs(waiting, search_fn, cfg), cfg, tok, limit)
 
 
 def _answer_searches(waiting: list[_State], got: tuple[list | None, bool], cfg: RolloutConfig, tok: Any,

@@ -180,7 +180,7 @@ class SimulatedSearch:
     # The rollout loop passes per-query contexts (question, answer) to backends that want them.
     wants_context = True
     # With engine= it may generate with the policy's own engine, which the rollout loop steps: it must not be called
-    # from threads beside the engine (turn schedule instead). With url= it may (set per instance in __init__): its
+    # from threads beside the engine (the loop calls it between waves instead, inference/step_loop.py). With url= it may (set per instance in __init__): its
     # draws are keyed by what is asked, not by the order of the calls, and a lock serialises its client and counts.
     concurrent_safe = False
 

@@ -13,6 +13,12 @@
         5. the after-step hooks (a rollout batches the searches its trajectories asked for in this step);
            they also run after 1. when calls came back
 
+With barrier=True (the turn schedule: RolloutConfig.schedule "turn") the same loop runs in waves: the requests
+ready at a wave's start decode to their end, new ones wait; then, with the engine empty, the hooks run and the
+calls the wave asked for run one after another in the loop's own thread (none in threads), their results are
+delivered, and the next wave starts. So a search back-end that may not run beside the engine (simulated search
+on the policy's own engine: it calls engine.generate) runs here, and one search call serves a whole turn.
+
 Every callback runs in the loop's own thread, so callbacks may add requests and calls, and the state they
 touch needs no lock. Threads only run the functions given to call().
 
@@ -59,15 +65,18 @@ class _Failed:
 
 
 class StepLoop:
-    def __init__(self, engine: Any, max_inflight: int = 0, workers: int = 16):
+    def __init__(self, engine: Any, max_inflight: int = 0, workers: int = 16, barrier: bool = False):
         """engine: a SteppedGenerator, or anything with generate() (wrapped in GenerateStepper).
         max_inflight: at most this many sequences in the engine at once (0 = no bound here).
         workers: threads serving call()s; a call made with serial=True runs on one thread of its own,
-        in order (for clients that are not safe to call from several threads at once: the judge)."""
+        in order (for clients that are not safe to call from several threads at once: the judge).
+        barrier: run in waves, every call in the loop's thread between them (the module's docstring)."""
         self.engine = engine if hasattr(engine, "submit") else GenerateStepper(engine)
         self.lockstep = int(getattr(self.engine, "lockstep_ranks", 1)) > 1
         self.first = (not self.lockstep) or bool(self.engine.lockstep_first)
         self.bound = max_inflight
+        self.barrier = bool(barrier)
+        self.deferred: dict[int, Callable[[], Any]] = {}   # barrier: the calls waiting for the engine to empty
         self.ready: deque[tuple[int, list[int], SamplingConfig, Callable[[GenOutput], None]]] = deque()
         self.inflight: dict[int, Callable[[GenOutput], None]] = {}
         self.calls: dict[int, tuple[Future | None, Callable[[Any], None]]] = {}
@@ -88,7 +97,9 @@ class StepLoop:
         """Run fn() in a thread (on the lockstep group's first rank only); on_result(its value) runs in the loop
         once it is back. An exception fn raises is raised by run(), on every rank."""
         fut = None
-        if self.first:
+        if self.first and self.barrier:
+            self.deferred[self.call_ids] = fn
+        elif self.first:
             fut = (self._serial if serial else self._pool).submit(_catching, fn)
         self.calls[self.call_ids] = (fut, on_result)
         self.call_ids += 1
@@ -105,15 +116,19 @@ class StepLoop:
     def run(self) -> None:
         try:
             while self.ready or self.inflight or self.calls:
-                if self.calls:
+                at_barrier = self.barrier and not self.inflight   # barrier: between two waves
+                if self.calls and (at_barrier or not self.barrier):
                     self._deliver()
                     self._after()
-                while self.ready and (not self.bound or len(self.inflight) < self.bound):
-                    key, prompt, sampling, cb = self.ready.popleft()
-                    self.engine.submit(key, prompt, sampling)
-                    self.inflight[key] = cb
+                    if at_barrier:
+                        continue   # calls made by those results run at this barrier too
+                if at_barrier or not self.barrier:
+                    while self.ready and (not self.bound or len(self.inflight) < self.bound):
+                        key, prompt, sampling, cb = self.ready.popleft()
+                        self.engine.submit(key, prompt, sampling)
+                        self.inflight[key] = cb
                 if not self.inflight:
-                    if self.calls and self.first:  # nothing to decode: the engine idles until a call returns
+                    if self.calls and self.first and not self.barrier:  # nothing to decode: idle until a call returns
                         t0 = time.perf_counter()
                         wait([f for f, _ in self.calls.values()], return_when=FIRST_COMPLETED)
                         self.idle_s += time.perf_counter() - t0
@@ -122,7 +137,8 @@ class StepLoop:
                 self.steps += 1
                 for key, out in sorted(outs, key=lambda kv: kv[0]):
                     self.inflight.pop(key)(out)
-                self._after()
+                if not (self.barrier and self.inflight):   # barrier: the hooks batch a whole wave's asks
+                    self._after()
         except BaseException:
             if self.inflight and hasattr(self.engine, "abort_all"):
                 self.engine.abort_all()  # leave the engine empty for the next caller
@@ -145,7 +161,11 @@ class StepLoop:
         if not self.calls:
             return
         back = None
-        if self.first:
+        if self.first and self.barrier:   # the engine is empty: each call in turn, in this thread
+            t0 = time.perf_counter()
+            back = {cid: _catching(self.deferred.pop(cid)) for cid in sorted(self.calls)}
+            self.idle_s += time.perf_counter() - t0
+        elif self.first:
             back = {cid: fut.result() for cid, (fut, _) in self.calls.items() if fut.done()}
         if self.lockstep:
             back = self.engine.share_from_first(back)

@@ -75,10 +75,11 @@ class RolloutArgs:
                                                             "(retrieved docs are cut to it; Search-R1's max_obs_length "
                                                             "is 500)")
     rollout_schedule: str = F(RolloutConfig.schedule, "trajectory: each trajectory's next turn starts as soon as its "
-                                                      "search returns, searches overlap decoding; turn: one engine call "
-                                                      "per turn for all, then one search call (same trajectories)",
+                                                      "search returns, searches overlap decoding; turn: the same loop "
+                                                      "in waves, every trajectory's turn, then the turn's searches "
+                                                      "(same trajectories; a comparison)",
                               choices=SCHEDULES)
-    max_inflight: int = F(RolloutConfig.max_inflight, "trajectory schedule: most sequences in the engine at once "
+    max_inflight: int = F(RolloutConfig.max_inflight, "most sequences in the engine at once "
                                                       "(0 = the engine's own limit)")
 
     def check(self) -> list[str]:

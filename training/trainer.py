@@ -376,7 +376,7 @@ class SSPTrainer:
     # ------------------------------------------------------------------ metrics, samples, eval
     def step_metrics(self, played: list, trajs: list) -> dict:
         """The step's rollout, token, search and curriculum metrics, reduced over ranks (collective)."""
-        # Under the trajectory schedule only a TP group's first rank calls the search (inference/step_loop.py):
+        # Only a TP group's first rank calls the search, under either schedule (inference/step_loop.py):
         # the group reports its counts, so each rank's line reads the group's games, as the replicas assume.
         counts, seconds = first_rank_value(self.llm, lambda: (S.search_counts(self.search),
                                                               S.search_seconds(self.search)))

@@ -65,12 +65,8 @@ def cross_group_errors(cfg, world_size: int | None = None) -> list[str]:
                         f"{r.max_total_tokens} + --distill_context_tokens {d.distill_context_tokens} + 32); raise it "
                         f"or lower --distill_context_tokens")
     if r.vllm_tp > 1:
-        # A TP group's ranks must feed their engine the same prompts: the pipelined round asks the outside world on
-        # the group's first rank alone and shares what came back; a staged round would ask on every rank.
-        if r.rollout_schedule == "turn":
-            errs.append(f"--rollout_schedule turn with --vllm_tp {r.vllm_tp}: the turn schedule calls the search and "
-                        f"the judge on every rank of a tensor-parallel group, whose answers can differ and split it; "
-                        f"use --rollout_schedule trajectory")
+        # A TP group's ranks must feed their engine the same prompts: the round's loop asks the outside world on the
+        # group's first rank alone and shares what came back (inference/step_loop.py), under either schedule.
         sim = [f"--{role}_search" for role in ("proposer", "solver") if getattr(cfg.search, f"{role}_search") == "simulated"]
         if sim and not cfg.search.sim_url:
             errs.append(f"{' and '.join(sim)} simulated without --sim_url writes documents with the policy's own engine, "

@@ -134,7 +134,7 @@ CALLERS = [  # (file, receivers bound to an engine there, the protocol they are 
     ("inference/rollout.py", {"engine"}, SteppedGenerator),
     ("inference/step_loop.py", {"engine", "self.engine"}, SteppedGenerator),
     ("inference/pipeline.py", {"engine", "self.engine"}, TokenGenerator),
-    ("inference/game.py", {"engine"}, TokenGenerator),
+    # inference/game.py only hands the engine on to the pipeline (it touched it for the staged round, gone in issue 43)
     ("inference/evaluate.py", {"engine"}, TokenGenerator),
     ("inference/rag_check.py", {"engine"}, TokenGenerator),
     ("inference/simulated_search.py", {"engine", "self.engine"}, TokenGenerator),

@@ -137,11 +137,11 @@ def test_both_schedules_make_the_same_checks_once_per_question(tokenizer, bm25, 
             assert t.reward == (0.0 if why in SHORTCUT_REASONS else -1.0), (why, t.reward)
     for reason in (SQ, ST, RF):
         assert played[1].stats[f"game/filter/{reason}"] == got.count(reason)
-    # the checks' search: the solver's topk, each candidate question once (staged: one call; pipeline: one each)
+    # the checks' search: the solver's topk, each candidate question once, one call each (in waves too)
     questions = sorted(SCRIPT[a][1] for a in searched for _ in range(2))   # proposer_n = 2
     for search in asked:
         assert sorted(q for call in search.asked for q in call) == questions and set(search.topks) <= {2}
-    assert len(asked[0].asked) == (1 if searched else 0) and len(asked[1].asked) == len(questions)
+    assert len(asked[0].asked) == len(asked[1].asked) == len(questions)
     if rag != "off":
         verdicts = {i: t.outcome.rag for i, t in enumerate(props) if got[i] not in (SQ, ST)}
         assert all(v is (got[i] is None) for i, v in verdicts.items()), verdicts

@@ -37,7 +37,9 @@ def test_fill_plan_is_distinct_as_many_as_the_pool_holds_and_known_early():
         order = [{"question": f"q{k}"} for k in range(size)]
         reasons = [rng.choice([None, "too_short"]) for _ in range(slots)]
         plan = FillPlan(order, slots)
-        fills = plan.all(reasons)
+        # as the pipeline hands them out: at once below the pool's size (now), the rest once all are decided (late)
+        fills = {i: plan.now(i) for i, r in enumerate(reasons) if r is not None and plan.now(i) is not None}
+        fills.update(plan.late(reasons))
         invalid = [i for i, r in enumerate(reasons) if r is not None]
         assert set(fills) <= set(invalid)
         assert len(fills) == min(len(invalid), size)
@@ -84,10 +86,13 @@ class SlowFor:
 
     def __init__(self, search, word, delay):
         self.search, self.word, self.delay = search, word, delay
+        self.slept: list[tuple[float, float]] = []   # (start, end) of each wait
 
     def __call__(self, queries, topk):
         if any(self.word in q for q in queries):
+            t0 = time.perf_counter()
             time.sleep(self.delay)
+            self.slept.append((t0, time.perf_counter()))
         return self.search(queries, topk)
 
 
@@ -118,12 +123,12 @@ def _same_round(a, b, pipelined=(0.0, 1.0)):
 
 
 def test_scripted_round_pipeline_equals_stages_and_overlaps_them(tokenizer, bm25):
-    # The Algeria proposers' searches take 1 s: staged, no solver starts before they end; pipelined, the
-    # Lincoln proposers' solver groups (and the fixed QA group) run meanwhile.
-    slow = SlowFor(bm25.search, "Algeria", 1.0)
+    # The Algeria proposers' searches take 1 s: in waves (the turn schedule), the engine decodes nothing while one
+    # runs; pipelined, the Lincoln proposers' solver groups (and the fixed QA group) run meanwhile.
+    slow_a, slow_b = SlowFor(bm25.search, "Algeria", 1.0), SlowFor(bm25.search, "Algeria", 1.0)
     staged_engine, piped_engine = ScriptedPolicy(tokenizer), ScriptedPolicy(tokenizer)
-    staged, pool_a = _play(staged_engine, slow, "turn")
-    piped, pool_b = _play(piped_engine, slow, "trajectory")
+    staged, pool_a = _play(staged_engine, slow_a, "turn")
+    piped, pool_b = _play(piped_engine, slow_b, "trajectory")
     _same_round(staged, piped)
     assert pool_a.to_list() == pool_b.to_list()
 
@@ -140,8 +145,9 @@ def test_scripted_round_pipeline_equals_stages_and_overlaps_them(tokenizer, bm25
         last_proposer = max(t for t, role, _ in log if role == "proposer")
         return first_solver, last_proposer
 
-    s0, p0 = first_solver_vs_last_proposer(staged_engine.log)
-    assert s0 > p0, "the staged round started a solver before its proposers ended"
+    assert slow_a.slept and slow_b.slept
+    during = [(t, role) for t, role, _ in staged_engine.log for a, b in slow_a.slept if a < t < b]
+    assert not during, f"in waves the engine decoded while a search ran: {during}"
     s1, p1 = first_solver_vs_last_proposer(piped_engine.log)
     assert s1 < p1 - 0.5, "the pipeline did not start a solver group while a proposer was still searching"
 
@@ -242,10 +248,11 @@ def test_pipelined_round_keeps_two_lockstep_ranks_identical(tokenizer, bm25, pol
     assert judges[0].stats == judges[1].stats
 
 
-def _play_with(engine, search, judge):
+def _play_with(engine, search, judge, schedule="trajectory"):
     rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow("Algeria", 2)]
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="policy", rag_distractors=1, min_searches=2, seed=5)
-    rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, max_inflight=2)
+    rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, max_inflight=2,
+                         schedule=schedule)
     pool = QuestionPool.from_list(POOL, max_size=8, seed=1)
     return play_round(engine, rows, search, judge, cfg, rcfg, pool=pool, step=4, qa_questions=QA)
 

@@ -1,7 +1,8 @@
 """Simulated search (ZeroSearch) at TP > 1 (issue 40, 1): served through --sim_url it runs in the pipelined round,
 where a tensor-parallel group's first rank alone asks the simulator and shares its documents, so both ranks feed
 their engines the same prompts. Before, simulated search forced the staged round, in which every rank asked the
-simulator itself; an unseeded simulator (temperature 0.8) wrote each rank other documents and split the group."""
+simulator itself; an unseeded simulator (temperature 0.8) wrote each rank other documents and split the group.
+The staged round is gone (issue 43, 1): a simulator on the policy's own engine plays the same pipeline in waves."""
 
 from __future__ import annotations
 
@@ -11,8 +12,7 @@ from http.server import ThreadingHTTPServer
 
 import pytest
 
-from inference.game import pipelined
-from inference.rollout import RolloutConfig
+from inference.rollout import RolloutConfig, needs_barrier
 from inference.simulated_search import SimulatedSearch
 from tests.inference.test_pipeline import ScriptedPolicy, _same_round, tokenizer  # noqa: F401 - the fixture
 from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
@@ -48,15 +48,19 @@ def sim_url():
     server.shutdown()
 
 
-def test_a_served_simulator_plays_the_pipelined_round_and_an_in_process_one_does_not(sim_url, tokenizer):  # noqa: F811
+def test_a_served_simulator_runs_beside_the_engine_and_an_in_process_one_between_waves(sim_url, tokenizer):  # noqa: F811
     served = TimedSearch(SimulatedSearch(url=sim_url, model="sim"))
     rcfg = RolloutConfig()
-    assert pipelined(rcfg, rcfg, served.search, served.search)
+    assert not needs_barrier(rcfg, served.search, served.search)
     in_process = TimedSearch(SimulatedSearch(engine=ScriptedPolicy(tokenizer), template="qwen"))
-    assert not pipelined(rcfg, rcfg, in_process.search, in_process.search)
+    assert needs_barrier(rcfg, served.search, in_process.search)
+    assert needs_barrier(RolloutConfig(schedule="turn"), served.search)
 
 
-def test_simulated_search_keeps_two_lockstep_ranks_identical(sim_url, tokenizer):  # noqa: F811
+@pytest.mark.parametrize("schedule", ["trajectory", "turn"])
+def test_simulated_search_keeps_two_lockstep_ranks_identical(sim_url, tokenizer, schedule):  # noqa: F811
+    """Both schedules: the turn schedule is the same loop in waves (issue 43, 1), so it keeps the lockstep too; it
+    was refused at TP > 1 while it was a staged round that asked on every rank."""
     from tests.inference.test_pipeline import _play_with, CountingJudge
 
     group = ThreadGroup()
@@ -66,7 +70,7 @@ def test_simulated_search_keeps_two_lockstep_ranks_identical(sim_url, tokenizer)
 
     def go(r):
         try:
-            out[r] = _play_with(ranks[r], sims[r].search, CountingJudge())
+            out[r] = _play_with(ranks[r], sims[r].search, CountingJudge(), schedule)
         except BaseException as e:  # noqa: BLE001 - reported below
             errors[r] = e
 
@@ -78,6 +82,7 @@ def test_simulated_search_keeps_two_lockstep_ranks_identical(sim_url, tokenizer)
     assert errors == [None, None] and out[0] is not None and out[1] is not None, errors
     assert sims[0].calls > 0 and sims[1].calls == 0, "the second rank asked the simulator itself"
     assert ranks[0].calls == ranks[1].calls
-    _same_round(out[0], out[1], pipelined=(1.0, 1.0))
+    flag = 1.0 if schedule == "trajectory" else 0.0
+    _same_round(out[0], out[1], pipelined=(flag, flag))
     docs = [d["contents"] for t in out[1].trajectories for call in (t.docs or []) for d in call]
     assert docs and all(d.startswith("Page ") for d in docs)   # the simulator's documents, shared

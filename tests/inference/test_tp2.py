@@ -72,14 +72,11 @@ def test_tp2_rollout_makes_identical_engine_calls_and_trajectories_on_both_ranks
     trajs = a["trajectories"]
     assert max(t["searches"] for t in trajs) >= 1 and max(t["turns"] for t in trajs) >= 2, \
         "no trajectory searched: the multi-turn path was not exercised"
-    if schedule == "trajectory":
-        # The first rank alone searches and shares what came back (inference/step_loop.py); rank 1 never does.
-        assert a["searches"] and b["searches"] == []
-        assert a["shares"] == b["shares"] > 0
-        assert any(c[0] == "submit" for c in a["calls"]), "the stepped engine was not used"
-    else:
-        # Rank 0's searches slept, rank 1's did not (tp2_worker.py): both searched the same queries anyway.
-        assert a["searches"] and a["searches"] == b["searches"]
+    # Both schedules are the one loop (the turn schedule in waves since issue 43, 1): the first rank alone searches
+    # and shares what came back (inference/step_loop.py); rank 1 never does. (The old turn loop searched on both.)
+    assert a["searches"] and b["searches"] == []
+    assert a["shares"] == b["shares"] > 0
+    assert any(c[0] == "submit" for c in a["calls"]), "the stepped engine was not used"
 
 
 @pytest.mark.parametrize("schedule", ["trajectory", "turn"])

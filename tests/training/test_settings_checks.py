@@ -137,8 +137,8 @@ CROSS = [
     ({"search": {"topk": 0}}, None, "--topk must be >= 1, got 0"),
     ({"rollout": {"rollout_schedule": "async"}}, None, "--rollout_schedule must be one of trajectory, turn, "
                                                        "got 'async'"),
-    # issue 40 (1): a staged round has no lockstep; at TP > 1 the flags that lead to it are refused
-    ({"rollout": {"vllm_tp": 2, "rollout_schedule": "turn"}}, 2, "--rollout_schedule turn with --vllm_tp 2"),
+    # issue 40 (1): the simulator on the policy's engine would generate on one rank of a TP group (the turn schedule
+    # is the same loop in waves since issue 43, 1, and keeps the lockstep: tests/inference/test_sim_lockstep.py)
     ({"rollout": {"vllm_tp": 2}, "search": {"solver_search": "simulated"}}, 2,
      "--solver_search simulated without --sim_url writes documents with the policy's own engine"),
     # issue 41 (3): the question checks search with the solver's back-end; articles need the index's documents
