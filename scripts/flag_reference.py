@@ -5,7 +5,7 @@
 
 Each entry point's argparse parser is built exactly as the entry point builds it: train.py's from the settings
 groups (training/config.py GROUPS, one dataclass field per flag, declared with training/flags.py `F`), sft.py's
-from its own groups (training/sft.py SFT_GROUPS, with its changed defaults), eval.py's from its build_parser
+from its own groups (training/sft.py SFT_GROUPS: train.py's declarations with its own defaults), eval.py's from its build_parser
 (train.py's fields where it shares them, its own flags beside them). Every argument group becomes a table of
 flag, default, choices and help; for train.py the group is also the key the flag is saved under in the run's
 config.json. tests/test_flag_reference.py fails when docs/flags.md is not what this script writes.
@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 import eval as eval_cli  # noqa: E402  (eval.py: entry point, imported for its build_parser)
 from training.config import GROUPS, build_parser  # noqa: E402
-from training.sft import SFT_GROUPS, parse_sft_args  # noqa: E402
+from training.sft import SFT_GROUPS  # noqa: E402
 
 DOC = ROOT / "docs" / "flags.md"
 HEADER = """# Flag reference
@@ -85,28 +85,6 @@ def parser_tables(p: argparse.ArgumentParser) -> list[str]:
     return out
 
 
-def _sft_parser() -> argparse.ArgumentParser:
-    """sft.py's parser with its own defaults (parse_sft_args sets them on the groups' parser)."""
-    captured = {}
-
-    class Stop(Exception):
-        pass
-
-    def parse(self, *a, **k):
-        captured["p"] = self
-        raise Stop
-
-    orig = argparse.ArgumentParser.parse_args
-    argparse.ArgumentParser.parse_args = parse
-    try:
-        parse_sft_args([])
-    except Stop:
-        pass
-    finally:
-        argparse.ArgumentParser.parse_args = orig
-    return captured["p"]
-
-
 def render() -> str:
     lines = [HEADER]
     lines += ["## train.py", "",
@@ -117,7 +95,7 @@ def render() -> str:
     lines += ["## training/sft.py", "",
               f"The SFT cold start: the {', '.join(g for g in SFT_GROUPS if g != 'sft')} groups of train.py (with "
               "sft.py's own defaults shown here) and its own `sft` group.", ""]
-    lines += parser_tables(_sft_parser())
+    lines += parser_tables(build_parser("", SFT_GROUPS))   # its groups carry its own defaults
     lines += ["## eval.py", "",
               "Inside a training run (`--model` a run folder or one of its checkpoints) a rollout-protocol flag that "
               "is not given is taken from the run's `config.json`; the defaults below apply outside a run.", ""]

@@ -6,7 +6,7 @@ Knows no group: training/config.py lists them (GROUPS)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import field, fields
+from dataclasses import MISSING, field, fields, make_dataclass
 from typing import Any, Sequence, get_type_hints
 
 
@@ -20,6 +20,24 @@ def F(default, help: str, choices=None, aliases: tuple[str, ...] = (), **kw):  #
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta, **kw)
     return field(default=default, metadata=meta, **kw)
+
+
+def derive_group(cls: type, name: str, keep: Sequence[str] | None = None, **defaults: Any) -> type:
+    """Another entry point's group made from cls's declarations: the fields named in `keep` (all when None), each
+    with the help, choices and spellings it is declared with, and the defaults given here. With every field kept it
+    subclasses cls, so the group's own check() still holds. So sft.py's flags are train.py's, with its defaults."""
+    hints = get_type_hints(cls)
+    specs = []
+    for f in fields(cls):
+        if keep is not None and f.name not in keep:
+            continue
+        default = defaults.pop(f.name) if f.name in defaults else (
+            f.default if f.default is not MISSING else f.default_factory())  # type: ignore[misc]
+        specs.append((f.name, hints[f.name], F(default, f.metadata["help"], f.metadata.get("choices"),
+                                               f.metadata.get("aliases", ()))))
+    if defaults:
+        raise TypeError(f"derive_group: {cls.__name__} has no field {', '.join(sorted(defaults))}")
+    return make_dataclass(name, specs, bases=() if keep is not None else (cls,))
 
 
 def parse_bool(s: str) -> bool:

@@ -1,7 +1,7 @@
 """Supervised cold start (SFT) on multi-turn search demonstrations, before self-play RL.
 
-    python training/sft.py --data data/train/coldstart.jsonl --output_dir runs/sft --dtype fp32
-    torchrun --nproc_per_node 2 training/sft.py ...          # or: deepspeed --hostfile hostfile training/sft.py ...
+    python -m training.sft --data data/train/coldstart.jsonl --output_dir runs/sft --dtype fp32
+    torchrun --nproc_per_node 2 -m training.sft ...   # or: deepspeed --hostfile hostfile --module training.sft ...
 
 Same parts as RL (DeepSpeed-Chat's step 1 before its step 3): the engine builder
 (ZeRO-3 actor, torch AdamW), the packed one-row micro-batches with per-sequence
@@ -24,11 +24,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-if __name__ == "__main__" and __package__ in (None, ""):  # `python training/sft.py`, torchrun, deepspeed
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+if __name__ == "__main__" and __package__ in (None, ""):   # `python training/sft.py`: the repo is not importable
+    sys.exit("training/sft.py is a module of the repo: run it from the repo's root as `python -m training.sft ...` "
+             "(torchrun ... -m training.sft, deepspeed ... --module training.sft)")
 
 from utils.dist import prepare_launch_env  # noqa: E402
 
@@ -41,8 +42,9 @@ from inference.data import read_records  # noqa: E402  (these light: no torch)
 from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs  # noqa: E402
 from inference.rollout import RolloutConfig, info_block_tokens  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
-from training.config import (F, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs, OptimArgs, build_parser,  # noqa: E402
-                             groups_from_namespace)
+from training.config import (GROUPS, F, CkptArgs, Config, ConfigError, DeepSpeedArgs, LogArgs, ModelArgs,  # noqa: E402
+                             OptimArgs, RolloutArgs, build_parser, groups_from_namespace)
+from training.flags import derive_group  # noqa: E402
 from training.guards import NonFiniteGuard  # noqa: E402
 from training.input_checks import model_path_errors, report_to_errors  # noqa: E402
 from training.lr_schedule import set_lr  # noqa: E402
@@ -58,23 +60,29 @@ class SFTArgs:
     batch_size: int = F(32, "demonstrations per optimizer step, global across ranks (a multiple of the world size)")
     max_demos: int = F(0, "use only the first N demonstrations after the seeded shuffle (0 = all)")
     roles: str = F("proposer,solver", "comma-separated roles whose demonstrations are trained on")
-    max_info_tokens: int = F(RolloutConfig.max_info_tokens, "token budget of one <information> block; keep it equal "
-                                                            "to train.py's, so SFT sequences look like rollouts")
-    save_every: int = F(0, "optimizer steps between resumable checkpoints (0 = only at the end)")
-    resume: str = F("auto", "auto = the latest checkpoint in output_dir if any; none; or a checkpoint folder")
 
 
-SFT_GROUPS = {"model": ModelArgs, "optimisation": OptimArgs, "deepspeed": DeepSpeedArgs, "logging": LogArgs,
-              "sft": SFTArgs}
+# train.py's declarations, with the SFT's own defaults (training/flags.derive_group): no flag is declared twice
+SFT_GROUPS = {
+    "model": ModelArgs,
+    "optimisation": derive_group(OptimArgs, "SFTOptimArgs", lr=2e-5, lr_schedule="cosine", warmup_steps=2,
+                                 micro_token_budget=4096),
+    "deepspeed": DeepSpeedArgs,
+    "logging": derive_group(LogArgs, "SFTLogArgs", output_dir="runs/sft", sample_every=0),
+    "checkpointing": derive_group(CkptArgs, "SFTCkptArgs", keep=("save_every", "resume"), save_every=0),
+    # the documents cut as train.py's rollouts cut them (keep it equal to train.py's, so demos look like rollouts)
+    "rollout": derive_group(RolloutArgs, "SFTRolloutArgs", keep=("max_info_tokens",)),
+    "sft": SFTArgs,
+}
+PARTIAL = ("checkpointing", "rollout")   # groups of which sft.py takes a few flags: set onto train.py's whole group
 
 
 def parse_sft_args(argv: list[str] | None = None) -> tuple[Config, SFTArgs]:
-    ap = build_parser(__doc__.split("\n")[0], groups=SFT_GROUPS)
-    ap.set_defaults(output_dir="runs/sft", lr=2e-5, lr_schedule="cosine", warmup_steps=2, sample_every=0,
-                    micro_token_budget=4096)
-    ns = ap.parse_args(argv)
+    ns = build_parser(__doc__.split("\n")[0], groups=SFT_GROUPS).parse_args(argv)
     parts = groups_from_namespace(SFT_GROUPS, ns)
     sft = parts.pop("sft")
+    for name in PARTIAL:
+        parts[name] = replace(GROUPS[name](), **vars(parts[name]))
     cfg = Config(**parts)
     validate_sft(cfg, sft)
     return cfg, sft
@@ -174,7 +182,7 @@ class SFTTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         roles = {r.strip() for r in sft.roles.split(",") if r.strip()}
         demos = load_demos(sft.data, roles, cfg.optimisation.seed, sft.max_demos)
-        self.trajs = demos_to_trajectories(self.tokenizer, demos, cfg.model.template, sft.max_info_tokens)
+        self.trajs = demos_to_trajectories(self.tokenizer, demos, cfg.model.template, cfg.rollout.max_info_tokens)
         longest = max(len(t.token_ids) for t in self.trajs)
         if longest > cfg.optimisation.micro_token_budget:
             raise ConfigError(f"the longest demonstration has {longest} tokens, more than --micro_token_budget "
@@ -194,7 +202,7 @@ class SFTTrainer:
 
     def _resume(self) -> None:
         from training import checkpoint as C
-        path = find_resume(self.out, self.sft.resume)
+        path = find_resume(self.out, self.cfg.checkpointing.resume)
         if path is not None:
             self.step = int(C.load(self.actor, path)["step"])
             self.D.barrier()
@@ -253,7 +261,7 @@ class SFTTrainer:
             self.nonfinite.update_skipped(m)   # the same on every rank; raises after --max_nonfinite_steps in a row
             bar.update(1)
             bar.set_postfix_str(fmt_metrics(m, ["sft/loss", "actor/grad_norm", "timing_s/step"]))
-            every = self.sft.save_every
+            every = self.cfg.checkpointing.save_every
             if every and self.step % every == 0 and self.step < self.total:
                 self.save()
         bar.close()

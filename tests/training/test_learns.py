@@ -85,7 +85,7 @@ def _weights(d: Path) -> dict:
 def test_rl_raises_a_rigged_reward_against_an_lr0_control(tiny_model_dir, tmp_path):
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(json.dumps(_demo(q, c)) + "\n" for q in QUESTIONS for c in ("Paris", "Rome")))
-    _run([str(REPO / "training/sft.py"), "--data", str(demos), "--model_path", str(tiny_model_dir),
+    _run(["-m", "training.sft", "--data", str(demos), "--model_path", str(tiny_model_dir),
           "--output_dir", str(tmp_path / "sft"), "--dtype", "fp32", "--batch_size", "16", "--epochs", "40",
           "--lr", "3e-3", "--warmup_steps", "0", "--lr_schedule", "constant", "--gradient_checkpointing", "false",
           "--tensorboard", "false"], tmp_path / "sft.log")

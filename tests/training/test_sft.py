@@ -3,6 +3,7 @@ and a real ZeRO-3 run on a tiny model that lowers its loss and exports an HF fol
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -119,7 +120,7 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, str(ROOT / "training" / "sft.py"), "--data", str(data), "--model_path", str(tiny_model_dir),
+    cmd = [sys.executable, "-m", "training.sft", "--data", str(data), "--model_path", str(tiny_model_dir),
            "--output_dir", str(out), "--dtype", "fp32", "--batch_size", "4", "--epochs", "16", "--lr", "1e-3",
            "--warmup_steps", "0", "--lr_schedule", "constant", "--gradient_checkpointing", "false", "--tensorboard", "false"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -143,7 +144,35 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
 
 def test_sft_refuses_missing_data(tmp_path, tiny_model_dir):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, str(ROOT / "training" / "sft.py"), "--data", str(tmp_path / "nope.jsonl"),
+    r = subprocess.run([sys.executable, "-m", "training.sft", "--data", str(tmp_path / "nope.jsonl"),
                         "--model_path", str(tiny_model_dir), "--output_dir", str(tmp_path / "o")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr and "dataprep.coldstart" in r.stderr
+    # run as a file it says how to run it, instead of a ModuleNotFoundError (it no longer edits sys.path)
+    r = subprocess.run([sys.executable, str(ROOT / "training" / "sft.py"), "--data", "x"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "python -m training.sft" in r.stderr, r.stderr
+
+
+def test_sft_flags_are_train_py_declarations_with_their_own_defaults():
+    """Issue 43 (4): no flag of sft.py is declared twice. Each group but its own is a train.py group (or one made from
+    it by training/flags.derive_group): same help, same choices; only the defaults named here differ."""
+    from dataclasses import fields
+
+    from training.config import GROUPS
+    from training.sft import SFT_GROUPS
+
+    own_defaults = {"lr": 2e-5, "lr_schedule": "cosine", "warmup_steps": 2, "micro_token_budget": 4096,
+                    "output_dir": "runs/sft", "sample_every": 0, "save_every": 0}
+    for name, cls in SFT_GROUPS.items():
+        if name == "sft":
+            assert not {f.name for f in fields(cls)} & {f.name for g in GROUPS.values() for f in fields(g)}
+            continue
+        train = {f.name: f for f in fields(GROUPS[name])}
+        for f in fields(cls):
+            t = train[f.name]
+            assert f.metadata["help"] == t.metadata["help"] and f.metadata.get("choices") == t.metadata.get("choices")
+            if f.name in own_defaults:
+                assert f.default == own_defaults[f.name] != t.default, f.name
+            elif t.default is not dataclasses.MISSING:
+                assert f.default == t.default, f.name
