@@ -159,7 +159,14 @@ def loss_part(overlay: Path) -> tuple[dict, list[dict], dict]:
     return out[0]["versions"], out[1:], {}
 
 
-def step_part(a, overlay: Path) -> dict:
+def last_error(log: Path) -> str:
+    """The last line of a failed child's log that names an error (what the table shows)."""
+    lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if "Error" in x or "error:" in x]
+    return lines[-1][-200:] if lines else ""
+
+
+def step_part(a, overlay: Path, on_result=None) -> dict:
+    """Both sides on each engine; on_result(results) after each run (the section is rewritten as rows come)."""
     results = {}
     base = Path(a.out)
     for engine in [e for e in a.engines.split(",") if e]:
@@ -178,9 +185,12 @@ def step_part(a, overlay: Path) -> dict:
             try:
                 entry.update(summarise(read_trl(out) if side == "trl" else read_ours(out)))
             except (OSError, KeyError, ValueError, statistics.StatisticsError) as e:
-                entry["error"] = f"exit {rc}, no step rows ({type(e).__name__}: {e}); see {base / f'{side}_{engine}.log'}"
+                entry["error"] = (f"exit {rc}, no step rows: {last_error(base / f'{side}_{engine}.log')} "
+                                  f"({base / f'{side}_{engine}.log'}; {type(e).__name__})")
             print(f"peer_trl: {side} / {engine}: {json.dumps(entry)}", flush=True)
             results[(side, engine)] = entry
+            if on_result is not None:
+                on_result(results)
     return results
 
 
@@ -258,7 +268,7 @@ def main() -> None:
                      "or pass another HF folder")
         print("peer_trl: settings that differ: single-turn only; TRL's rollout includes its reward and advantage "
               "computation, ours adds a weight sync (vLLM) and recomputes old log-probs", flush=True)
-        steps = step_part(a, overlay)
+        steps = step_part(a, overlay, on_result=lambda res: report(a, versions, loss_rows, res))
     report(a, versions, loss_rows, steps)
 
 
