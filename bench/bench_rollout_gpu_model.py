@@ -41,6 +41,7 @@ from bench.bench_rollout_async import (LATENCIES, WEB_ALPHA, WEB_MAX_S, WEB_MIN_
 from bench.replay_engine import Recorder, ReplayEngine, StepCostModel  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
 from inference.data import load_proposer_rows  # noqa: E402
+from inference.engines import VLLMEngine  # noqa: E402
 from inference.game import GameConfig, QuestionPool, play_round  # noqa: E402
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
 from utils.assets import smollm2_dir  # noqa: E402
@@ -127,8 +128,6 @@ def main(argv=None) -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from inference.engines import VLLMEngine
-
     model_dir = args.model or str(smollm2_dir())
     retriever, search_desc = load_search(args)
     engine = VLLMEngine(model_dir, dtype="float32", max_model_len=2048, kv_cache_memory_bytes=args.kv_cache_mib << 20)
