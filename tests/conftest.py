@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 # Set before any heavy import (vLLM, DeepSpeed, transformers read these at import time).
@@ -97,6 +100,22 @@ def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     if gen.exists():
         shutil.copy(gen, out / "generation_config.json")
     return out
+
+
+@pytest.fixture(scope="session")
+def bm25_corpus(tmp_path_factory) -> Path:
+    """A folder holding corpus.jsonl (the first 200 documents of data/corpus/wiki.jsonl) and bm25/, their BM25
+    index: built once per session (per pytest worker) for the training tests' runs, which only read it.
+
+    Built in a subprocess: bm25s imported into the test process breaks a later in-process vLLM engine's CPU
+    kernel scan (docs/PLATFORM_NOTES.md, vLLM other CPU quirks)."""
+    d = tmp_path_factory.mktemp("bm25_corpus")
+    with (REPO / "data/corpus/wiki.jsonl").open() as f:
+        corpus = [json.loads(next(f)) for _ in range(200)]
+    (d / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
+    subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(d / "corpus.jsonl"),
+                    "--out", str(d / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+    return d
 
 
 # ----------------------------------------------------------------------------- faiss-gpu without a GPU
