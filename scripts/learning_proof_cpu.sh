@@ -76,6 +76,7 @@ DISTILL=${DISTILL:-sampled}             # rung 3: --distill form (sampled, contr
 DISTILL_COEF=${DISTILL_COEF:-0.1}      # rung 3: beta of the distillation term
 DISTILL_CONTEXT=${DISTILL_CONTEXT:-512}  # rung 3: token budget of the teacher's privileged block
 SFT_DEMOS=${SFT_DEMOS:-960}
+SFT_DIR=${SFT_DIR:-$OUT/sft}   # the SFT start every rung shares; an export already there is reused
 LR=${LR:-5e-5}
 QA_PROMPTS=${QA_PROMPTS:-8}    # rung 1: fixed QA questions per step
 PROMPTS=${PROMPTS:-8}          # rung 2: proposer prompts per step
@@ -142,9 +143,9 @@ EVAL_DTYPE=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 PROTO=(--max_turns 3 --max_tokens_per_turn "$MAX_TOKENS_PER_TURN" --max_total_tokens 1024 --max_info_tokens 160)
 
 echo "== [2/8] cold-start demos and SFT cold start ($SFT_DEMOS demos; scripts/sft_coldstart.sh, shared with the demo)"
-had_sft=false; hf_export_done "$OUT/sft/hf" && had_sft=true
+had_sft=false; hf_export_done "$SFT_DIR/hf" && had_sft=true
 t=$(date +%s)
-COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl} SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$OUT/sft"
+COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl} SFT_DEMOS=$SFT_DEMOS SFT_MAX_INFO_TOKENS=160 SFT_THREADS=$OMP_NUM_THREADS bash scripts/sft_coldstart.sh "$SFT_DIR"
 $had_sft || stamp sft $(( $(date +%s) - t )) -
 
 record() {  # folder command...: one JSON line per launch into <folder>/run_meta.jsonl: its commit, whether the
@@ -180,7 +181,7 @@ evaluate() {  # model_dir out_dir [eval.py args]; run only while out_dir has no 
 
 echo "== [3/8] held-out eval of the SFT checkpoint; dev split of the QA rows"
 if [ "$HELDOUT_EVAL" = 1 ] && [ ! -f "$OUT/eval_sft/results.json" ]; then
-  t=$(date +%s); evaluate "$OUT/sft/hf" "$OUT/eval_sft" "${HELDOUT[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
+  t=$(date +%s); evaluate "$SFT_DIR/hf" "$OUT/eval_sft" "${HELDOUT[@]}"; stamp eval_sft $(( $(date +%s) - t )) -
 fi
 if [ ! -f "$OUT/qa_dev.jsonl" ]; then  # the file is shuffled at a fixed seed: its tail is a random dev split
   head -n "-$DEV_ROWS" "$QA_ROWS" > "$OUT/qa_train.jsonl.tmp"
@@ -191,16 +192,16 @@ fi
 if has_rung 0; then
   echo "== [4/8] rung 0, headroom: SFT greedy vs pass@$PASSK on the dev split and a held-out slice"
   t=$(date +%s)
-  evaluate "$OUT/sft/hf" "$OUT/eval_sft_dev" --data "$OUT/qa_dev.jsonl"
-  evaluate "$OUT/sft/hf" "$OUT/passk_dev" --data "$OUT/qa_dev.jsonl" --samples "$PASSK" --temperature 1.0 --seed 1
-  evaluate "$OUT/sft/hf" "$OUT/eval_sft_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT"
-  evaluate "$OUT/sft/hf" "$OUT/passk_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT" --samples "$PASSK" \
+  evaluate "$SFT_DIR/hf" "$OUT/eval_sft_dev" --data "$OUT/qa_dev.jsonl"
+  evaluate "$SFT_DIR/hf" "$OUT/passk_dev" --data "$OUT/qa_dev.jsonl" --samples "$PASSK" --temperature 1.0 --seed 1
+  evaluate "$SFT_DIR/hf" "$OUT/eval_sft_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT"
+  evaluate "$SFT_DIR/hf" "$OUT/passk_slice" --data "${EVAL_FILES[@]}" --limit "$PASSK_LIMIT" --samples "$PASSK" \
     --temperature 1.0 --seed 1
   stamp headroom $(( $(date +%s) - t )) -
 fi
 
 # RL recipe shared by both rungs
-COMMON=(--model_path "$OUT/sft/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
+COMMON=(--model_path "$SFT_DIR/hf" --dtype "$DTYPE" --gradient_checkpointing false --train_top_layers 8
   --index data/indexes/bm25 "${PROTO[@]}" --max_model_len 1024 --micro_token_budget 4096 --kv_cache_mb 1024
   --old_logprobs rollout --lr "$LR" --warmup_steps 0 --lr_schedule constant --ppo_mini_batches "$MINI"
   --solver_n "$SOLVER_N" --solver_estimator grpo --save_every 5 --max_ckpts 1 --sample_every 5 --dump_rollouts true)

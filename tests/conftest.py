@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import fcntl
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 # Set before any heavy import (vLLM, DeepSpeed, transformers read these at import time).
@@ -72,19 +76,16 @@ def smollm2_dir() -> Path:
     return smollm2_dir()
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
-    """A tiny random Llama (2 layers, hidden 128, head_dim 64: vLLM's CPU attention rejects head_dim 16) with SmolLM2's real tokenizer and chat template.
-
-    float32 weights, saved as safetensors, so vLLM, HF and DeepSpeed all load it.
-    """
+def write_tiny_llama(smollm2: Path, out: Path, layers: int = 2) -> Path:
+    """A tiny random Llama (hidden 128, head_dim 64: vLLM's CPU attention rejects head_dim 16) with SmolLM2's real
+    tokenizer and chat template, written to `out`: float32 weights, saved as safetensors, so vLLM, HF and DeepSpeed
+    all load it."""
     import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    out = tmp_path_factory.mktemp("tiny_llama")
-    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    tok = AutoTokenizer.from_pretrained(smollm2)
     cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+        vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=layers,
         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
         tie_word_embeddings=True, use_cache=False, torch_dtype="float32",
@@ -93,10 +94,67 @@ def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
     model = LlamaForCausalLM(cfg).to(torch.float32)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
-    gen = smollm2_dir / "generation_config.json"
+    gen = smollm2 / "generation_config.json"
     if gen.exists():
         shutil.copy(gen, out / "generation_config.json")
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2_dir, tmp_path_factory) -> Path:
+    """A tiny random Llama of 2 layers (write_tiny_llama)."""
+    return write_tiny_llama(smollm2_dir, tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def bm25_corpus(tmp_path_factory) -> Path:
+    """A folder holding corpus.jsonl (the first 200 documents of data/corpus/wiki.jsonl) and bm25/, their BM25
+    index: built once per session (per pytest worker) for the training tests' runs, which only read it.
+
+    Built in a subprocess: bm25s imported into the test process breaks a later in-process vLLM engine's CPU
+    kernel scan (docs/PLATFORM_NOTES.md, vLLM other CPU quirks)."""
+    d = tmp_path_factory.mktemp("bm25_corpus")
+    with (REPO / "data/corpus/wiki.jsonl").open() as f:
+        corpus = [json.loads(next(f)) for _ in range(200)]
+    (d / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
+    subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(d / "corpus.jsonl"),
+                    "--out", str(d / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+    return d
+
+
+# The smoke scale of the SFT cold start: one step on 8 demos, from a tiny random Llama of 12 layers (write_tiny_llama:
+# the recipes train the top 8 layers, the SFT the top 12). The demo's and the ladder's smoke tests check their
+# scripts' paths, not what a model learns, so they need no 135M model under every launch.
+SMOKE_SFT = {"SFT_DEMOS": "8", "SFT_BATCH": "8"}
+SMOKE_LAYERS = 12
+
+
+@pytest.fixture(scope="session")
+def smoke_sft(smollm2_dir, tmp_path_factory) -> Path:
+    """scripts/sft_coldstart.sh at the smoke scale (SMOKE_SFT, BASE_MODEL a tiny random Llama), as
+    scripts/demo_cpu.sh and scripts/learning_proof_cpu.sh call it, into a folder whose hf/ export both reuse when
+    given it as SFT_DIR: made once for every pytest worker (the first to ask makes it under a lock; the others
+    wait, then read it). Returns the folder; the script's output is in <folder>.out.
+
+    The SFT is the one either script would make: the same demos, batch, seed, protocol and threads
+    (OMP_NUM_THREADS), and the dtype measured on the machine (python -m utils.cpu_dtype)."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # the workers' common folder
+    d = root / "smoke_sft"
+    with open(root / "smoke_sft.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (d / "hf" / "config.json").exists():
+            tiny = root / "smoke_sft_base"
+            if not (tiny / "config.json").exists():
+                write_tiny_llama(smollm2_dir, tiny, layers=SMOKE_LAYERS)
+            env = {**os.environ, **SMOKE_SFT, "BASE_MODEL": str(tiny),
+                   "SFT_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+            r = subprocess.run(["bash", "scripts/sft_coldstart.sh", str(d)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=900)
+            Path(f"{d}.out").write_text(r.stdout)
+            assert r.returncode == 0 and "-- SFT: 8 demos, batch 8" in r.stdout, r.stdout[-6000:]
+    assert (d / "hf" / "config.json").exists() and (d / "hf" / "model.safetensors").exists()
+    return d
 
 
 # ----------------------------------------------------------------------------- faiss-gpu without a GPU

@@ -2,10 +2,11 @@
 runs too (scripts/sft_coldstart.sh), and a second run of it reuses what the first one left: the SFT
 export is kept, training resumes from the latest checkpoint, and the eval is redone (--overwrite).
 
-The end-to-end test runs the real demo at a smoke scale (SFT on 8 demos in one step, 1 then 2 SSP
-steps of 2 proposer prompts, 2 eval rows per file): about 3-4 minutes on 2 cores. It needs the
-.venv of scripts/setup_cpu.sh, which the demo calls first and which returns at once when it is
-installed."""
+The end-to-end test runs the real demo at a smoke scale (1 then 2 SSP steps of 2 proposer prompts, 2 eval rows
+per file) from the session's smoke SFT (tests/conftest.py, smoke_sft: scripts/sft_coldstart.sh on 8 demos in one
+step from a tiny random Llama, shared with the ladder's test), handed to the demo as SFT_DIR: about 2 minutes on
+2 cores. It needs the .venv of scripts/setup_cpu.sh, which the demo calls first and which returns at once when it
+is installed."""
 
 from __future__ import annotations
 
@@ -71,23 +72,22 @@ def _run_demo(env: dict, log: Path) -> str:
 
 
 @pytest.mark.slow
-def test_demo_smoke_runs_and_reruns(tmp_path):
+def test_demo_smoke_runs_and_reruns(tmp_path, smoke_sft):
     if not (REPO / ".venv" / "bin" / "python").exists():
         pytest.skip("needs the .venv of scripts/setup_cpu.sh")
     from utils.dist import free_port
 
     out = tmp_path / "demo"
-    env = {**os.environ, "OUT": str(out), "PORT": str(free_port()), "SFT_DEMOS": "8", "SFT_BATCH": "8",
-           "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "MAX_TOKENS_PER_TURN": "16",
+    env = {**os.environ, "OUT": str(out), "PORT": str(free_port()), "SFT_DIR": str(smoke_sft), "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "MAX_TOKENS_PER_TURN": "16",
            "NPROC": "1",  # one core per pytest worker (scripts/test.sh runs two)
            "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
 
-    # first run: SFT, then SSP to step 1 (leg 2 has nothing left to do), then the eval
+    # first run: the SFT export given (SFT_DIR) is taken as it is, then SSP from it to step 1 (leg 2 has nothing
+    # left to do), then the eval
     first = _run_demo(env, tmp_path / "first.log")
-    assert "-- SFT:" in first and "SFT cold start: skipped" not in first
-    hf = out / "sft" / "hf"
-    assert (hf / "config.json").exists()
-    assert (hf / "model.safetensors").exists() or (hf / "model.safetensors.index.json").exists()
+    assert "SFT cold start: skipped" in first and "-- SFT:" not in first
+    hf = smoke_sft / "hf"
+    assert json.loads((out / "config.json").read_text())["model"]["model_path"] == str(hf)
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_000001"
     assert "leg 2: skipped" in first
     res = json.loads((out / "eval" / "results.json").read_text())

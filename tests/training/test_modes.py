@@ -108,19 +108,16 @@ DRIVER = textwrap.dedent("""
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, tiny_model_dir):
+def runs(tmp_path_factory, tiny_model_dir, bm25_corpus):
     d = tmp_path_factory.mktemp("modes")
-    corpus = [json.loads(line) for line in (REPO / "data/corpus/wiki.jsonl").open()][:100]
-    (d / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
-    subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(d / "corpus.jsonl"),
-                    "--out", str(d / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+    corpus = [json.loads(line) for line in (bm25_corpus / "corpus.jsonl").open()]
     titles = [c["contents"].split("\n")[0] for c in corpus]
     (d / "rows.jsonl").write_text("".join(json.dumps({"answer": t, "search_turns": 2}) + "\n" for t in titles[:8]))
     (d / "qa.jsonl").write_text("".join(json.dumps({"question": f"Which article is titled {t}?", "golden_answers": [t],
                                                      "data_source": "synthetic"}) + "\n" for t in titles[8:16]))
     common = ["--model_path", str(tiny_model_dir), "--dtype", "fp32", "--gradient_checkpointing", "false",
               "--train_data", str(d / "rows.jsonl"), "--qa_data", str(d / "qa.jsonl"), "--pool_init", str(d / "qa.jsonl"),
-              "--index", str(d / "bm25"), "--prompts_per_step", "2", "--solver_n", "2", "--total_steps", "2",
+              "--index", str(bm25_corpus / "bm25"), "--prompts_per_step", "2", "--solver_n", "2", "--total_steps", "2",
               "--max_turns", "2", "--min_searches", "1", "--max_tokens_per_turn", "16", "--max_total_tokens", "512",
               "--max_model_len", "1024",
               "--micro_token_budget", "1024", "--save_every", "0", "--export_hf", "false", "--tensorboard", "false",

@@ -5,10 +5,12 @@ training/trainer.py) and vLLM's weight loaders shard the gathered ZeRO-3 weights
 
 Per schedule (--rollout_schedule), four launches that the tests share:
   A  2 uninterrupted steps, a checkpoint after each;
-  C  the negative control: A again with the second weight sync left out (SSP_FAULT=skip_sync:2) and no sleep
-     emulation, so vLLM plays step 2 on step 1's starting weights;
   B1 A killed in step 2 after its generation (SSP_FAULT=after_generate:1), step 1's checkpoint on disk;
-  B2 B1's command again (--resume auto), which must finish step 2 with A's metrics and weights.
+  B2 B1's command again (--resume auto), which must finish step 2 with A's metrics and weights;
+  C  the negative control: a copy of B1's folder resumed like B2, but with that launch's one weight sync left
+     out (SSP_FAULT=skip_sync:1) and no sleep emulation, so vLLM, loaded from the starting model, plays step 2
+     on step 1's starting weights, as a run that skipped its second sync would. Resuming from B1's step 1
+     (A's, bit for bit) costs one step where a second 2-step run cost two.
 
 The game's trajectories here are single-turn: SmolLM2-135M did not write a <search> from the game's prompts
 (0 of 16 samples of 48 tokens per role, measured by hand), so the BM25 tool is built but not called. The multi-turn
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -43,30 +47,44 @@ def tp_model(smollm2_dir, tmp_path_factory) -> Path:
     return write_tp2_smollm2(smollm2_dir, tmp_path_factory.mktemp("smollm2_tp2"))
 
 
-def _launch(w: Path, model: Path, name: str, schedule: str, **env) -> tuple[int, Path, str]:
+def _launch(w: Path, model: Path, name: str, schedule: str, *extra: str, **env) -> tuple[int, Path, str]:
     clear_tp_shm()  # a killed TP-2 run's leftovers (B1 is one; tests/tp_model.py)
     out, log = w / f"{name}_{schedule}", w / f"{name}_{schedule}.log"
     args = _args(w, model, out)
     for flag, value in (("--prompts_per_step", "1"), ("--total_steps", "2")):
         args[args.index(flag) + 1] = value
-    args += ["--rollout_engine", "vllm", "--vllm_tp", "2", "--rollout_schedule", schedule]
+    args += ["--rollout_engine", "vllm", "--vllm_tp", "2", "--rollout_schedule", schedule, *extra]
     rc = _torchrun(args, log, **env)
     return rc, out, log.read_text()
 
 
+def _copy_run(src: Path, dst: Path) -> None:
+    """A copy of a run folder that a resumed launch can write on without touching the original: checkpoint
+    weights and states (only ever read back) are hard links, everything else (metrics, `latest`) a copy."""
+    def link_or_copy(a: str, b: str) -> None:
+        if a.endswith((".pt", ".safetensors")):
+            os.link(a, b)
+        else:
+            shutil.copy2(a, b)
+    shutil.copytree(src, dst, copy_function=link_or_copy)
+
+
 @pytest.fixture(scope="module", params=SCHEDULES)
 def runs(request, workdir, tp_model):  # noqa: F811
-    """{"schedule", "a", "a_log", "c", "b", "b1_log", "b2_log"}: the four launches of one schedule."""
+    """{"schedule", "a", "a_log", "c", "c_log", "b", "b1_log", "b2_log"}: the four launches of one schedule."""
     s, w = request.param, workdir
     rc, a, a_log = _launch(w, tp_model, "a", s)
     assert rc == 0, a_log[-4000:]
-    rc, c, c_log = _launch(w, tp_model, "c", s, SSP_FAULT="skip_sync:2", SSP_EMULATE_GPU_SLEEP="0")
-    assert rc == 0 and "SSP_FAULT: sync 2 skipped" in c_log, c_log[-4000:]
     rc, b, b1_log = _launch(w, tp_model, "b", s, SSP_FAULT="after_generate:1")
     assert rc != 0 and "SSP_FAULT: killing rank" in b1_log, b1_log[-4000:]
+    _copy_run(b, w / f"c_{s}")   # the control starts where B2 does: step 1's checkpoint
     rc, b2, b2_log = _launch(w, tp_model, "b", s)
     assert rc == 0, b2_log[-4000:]
-    return {"schedule": s, "a": a, "a_log": a_log, "c": c, "b": b, "b1_log": b1_log, "b2_log": b2_log}
+    # its launch's first sync is step 2's; the HF export of a control is never read
+    rc, c, c_log = _launch(w, tp_model, "c", s, "--export_hf", "false", SSP_FAULT="skip_sync:1",
+                           SSP_EMULATE_GPU_SLEEP="0")
+    assert rc == 0 and "SSP_FAULT: sync 1 skipped" in c_log and "resumed from" in c_log, c_log[-4000:]
+    return {"schedule": s, "a": a, "a_log": a_log, "c": c, "c_log": c_log, "b": b, "b1_log": b1_log, "b2_log": b2_log}
 
 
 def test_tp2_run_trains_on_both_ranks(runs, tp_model):
@@ -110,9 +128,9 @@ def test_tp2_weight_sync_makes_vllm_score_as_the_actor(runs):
     print(f"\nrollout/actor log-prob gap at TP 2: step 1 {gap1:.3g}, step 2 {gap2:.3g}, "
           f"step 2 without its sync {stale:.3g}")
     assert 0 < gap1 < GAP_SYNCED and 0 < gap2 < GAP_SYNCED
-    # The control's step 1 is A's (same seed, same sync), and its step 2 skipped the sync (0 s spent on it).
+    # The control's step 1 is A's (B1's, resumed from), and its step 2 skipped the sync (0 s spent on it).
     assert _stable(mc[1]) == pytest.approx(_stable(ma[1]), rel=1e-6, abs=1e-7)
-    assert mc[2]["sync/seconds"] == 0.0
+    assert mc[2]["sync/seconds"] == 0.0 and "at step 1" in runs["c_log"]
     assert stale > GAP_STALE and stale > 1000 * gap2
 
 

@@ -35,12 +35,12 @@ def _env(**extra) -> dict:
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory, tiny_model_dir):
+def workdir(tmp_path_factory, tiny_model_dir, bm25_corpus):
+    """The runs' folder: rows and QA questions from the session's 200-document corpus, whose BM25 index
+    (tests/conftest.py, bm25_corpus) is linked in as bm25/."""
     d = tmp_path_factory.mktemp("trainer")
-    corpus = [json.loads(line) for line in (REPO / "data/corpus/wiki.jsonl").open()][:200]
-    (d / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
-    subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(d / "corpus.jsonl"),
-                    "--out", str(d / "bm25"), "--kind", "bm25"], cwd=REPO, check=True, capture_output=True)
+    (d / "bm25").symlink_to(bm25_corpus / "bm25", target_is_directory=True)
+    corpus = [json.loads(line) for line in (bm25_corpus / "corpus.jsonl").open()]
     rows = [{"answer": c["contents"].split("\n")[0], "search_turns": 2} for c in corpus[:16]]
     (d / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     qa = [{"question": f"What is the title of the article that begins: {c['contents'].split(chr(10))[1][:60]}?",
