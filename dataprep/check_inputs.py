@@ -23,7 +23,7 @@ from pathlib import Path
 
 from inference.data import load_eval_rows, load_proposer_rows
 from retrieval.corpus import iter_corpus
-from retrieval.manifest import check_index
+from retrieval.manifest import check_index as check_index_folder
 from training.input_checks import model_folder_errors
 from utils.errors import InputError, entry_point_error
 
@@ -97,7 +97,7 @@ def check_index(index: str, corpus: str | None) -> str | None:
     if not Path(index).exists():
         return None
     try:
-        m = check_index(index)
+        m = check_index_folder(index)
     except InputError as e:
         return f"--index {index}: {e}"
     built = m.get("corpus")
