@@ -32,12 +32,13 @@ def test_script_parses(script):
 
 
 def test_sft_cold_start_is_one_shared_script():
-    """The demo and the learning proof both call sft_coldstart.sh; neither runs training/sft.py itself."""
+    """The demo and the learning proof both call sft_coldstart.sh; neither runs the SFT (python -m training.sft) itself."""
+    sft = r"^[^#\n]*(training/sft\.py|-m training\.sft)"
     for script in (DEMO, PROOF):
         text = script.read_text()
         assert re.search(r"^[^#\n]*bash scripts/sft_coldstart\.sh", text, re.M), script.name
-        assert not re.search(r"^[^#\n]*training/sft\.py", text, re.M), script.name
-    assert re.search(r"^[^#\n]*training/sft\.py", SFT.read_text(), re.M)
+        assert not re.search(sft, text, re.M), script.name
+    assert re.search(sft, SFT.read_text(), re.M)
 
 
 def test_demo_trains_from_the_sft_export_with_the_learning_proof_protocol():

@@ -101,7 +101,10 @@ def test_sft_reads_the_rollouts_information_budget():
     """SFT renders demonstrations with the rollout's own <information> cut: its default must be the rollout's."""
     import inspect
 
-    from training.sft import SFTArgs, render_demo
+    from training.sft import SFT_GROUPS, parse_sft_args, render_demo
 
-    assert SFTArgs.max_info_tokens == RolloutConfig.max_info_tokens == 512
+    # its flag is train.py's own --max_info_tokens (training/flags.derive_group), default and all
+    assert SFT_GROUPS["rollout"]().max_info_tokens == RolloutConfig.max_info_tokens == 512
+    cfg, _ = parse_sft_args(["--data", __file__, "--max_info_tokens", "160"])
+    assert cfg.rollout.max_info_tokens == 160
     assert inspect.signature(render_demo).parameters["max_info_tokens"].default == RolloutConfig.max_info_tokens
