@@ -115,6 +115,7 @@ TARGET_NUMBERS = [
     ("retrieval.qps_ratio_32", "{:.2f}x"), ("sync.seconds", "{:.2f} s"),
     ("loss.packed_speedup", "{:.2f}x"), ("loss.logprob_mem_ratio", "{:.3f}"), ("rollout.vllm_over_hf", "{:.2f}x"),
     ("rollout_async.step_speedup", "{:.2f}x"), ("learning_distill.gain_over_ssp", "+{:.2f}"),
+    ("rollout_async_gpu_model.speedup_300ms", "{:.2f}x"), ("rollout_async_gpu_model.step_speedup", "{:.2f}x"),
 ]
 
 
