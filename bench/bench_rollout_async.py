@@ -204,15 +204,9 @@ def model_name(path: str) -> str:
     return "SmolLM2-135M-Instruct" if Path(path) == Path(str(smollm2_dir())) else f"the model at {path}"
 
 
-def step_main(args: argparse.Namespace) -> None:
-    """The whole SSP step (play_round) under both schedules, side by side (see the module docstring)."""
-    cpu_env(args.threads)
-    import torch
-
-    torch.set_num_threads(args.threads)
-    model = args.model or str(smollm2_dir())
-    retriever, search_desc = load_search(args)
-    engine = VLLMEngine(model, dtype="float32", max_model_len=2048, kv_cache_memory_bytes=args.kv_cache_mib << 20)
+def step_setup(args: argparse.Namespace, tokens_per_turn: int) -> tuple:
+    """The SSP step's inputs, shared with bench_rollout_gpu_model.py: (rows, their source, the questions' source, the
+    pool's seed questions, the game, the rollout settings but the schedule)."""
     questions, qsrc = load_questions(Path(args.eval_dir), args.step_rows)
     seed_pool = [{"question": q, "answer": a.answer} for q, a in zip(questions, load_rows(Path(args.eval_dir),
                                                                                        args.step_rows))]
@@ -224,8 +218,21 @@ def step_main(args: argparse.Namespace) -> None:
     # policy's RAG check without distractors
     game = GameConfig(proposer_n=1, solver_n=args.step_solver_n, rag_verify="policy", rag_distractors=0,
                       min_searches=1, min_question_words=4, seed=args.seed)
-    base = dict(max_turns=args.max_turns, max_total_tokens=2048, max_tokens_per_turn=args.max_tokens_per_turn,
+    base = dict(max_turns=args.max_turns, max_total_tokens=2048, max_tokens_per_turn=tokens_per_turn,
                 max_info_tokens=args.max_info_tokens, topk=args.topk, temperature=1.0, seed=args.seed)
+    return rows, rsrc, qsrc, seed_pool, game, base
+
+
+def step_main(args: argparse.Namespace) -> None:
+    """The whole SSP step (play_round) under both schedules, side by side (see the module docstring)."""
+    cpu_env(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = args.model or str(smollm2_dir())
+    retriever, search_desc = load_search(args)
+    engine = VLLMEngine(model, dtype="float32", max_model_len=2048, kv_cache_memory_bytes=args.kv_cache_mib << 20)
+    rows, rsrc, qsrc, seed_pool, game, base = step_setup(args, args.max_tokens_per_turn)
     setting = f"{args.step_search_ms}ms"
 
     def run(schedule: str):

@@ -37,12 +37,11 @@ sys.path.insert(0, str(REPO))
 
 from bench.bench_rollout import build_prompts, cpu_env, load_questions, load_search  # noqa: E402
 from bench.bench_rollout_async import (LATENCIES, WEB_ALPHA, WEB_MAX_S, WEB_MIN_S, LatentJudge,  # noqa: E402
-                                       LatentSearch, load_rows)
+                                       LatentSearch, step_setup)
 from bench.replay_engine import Recorder, ReplayEngine, StepCostModel  # noqa: E402
 from bench.report import md_table, write_results  # noqa: E402
-from inference.data import load_proposer_rows  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
-from inference.game import GameConfig, QuestionPool, play_round  # noqa: E402
+from inference.game import QuestionPool, play_round  # noqa: E402
 from inference.rollout import RolloutConfig, RolloutRequest, run_rollouts  # noqa: E402
 from utils.assets import smollm2_dir  # noqa: E402
 
@@ -191,17 +190,7 @@ def main(argv=None) -> None:
     step_res: dict[tuple[str, int], dict] = {}
     step_rec = None
     if not args.no_step:
-        sq, ssrc = load_questions(Path(args.eval_dir), args.step_rows)
-        seed_pool = [{"question": q, "answer": a.answer} for q, a in zip(sq, load_rows(Path(args.eval_dir),
-                                                                                        args.step_rows))]
-        if Path(args.step_data).exists():
-            rows, rsrc = load_proposer_rows(args.step_data, limit=args.step_rows), Path(args.step_data).name
-        else:
-            rows, rsrc = load_rows(Path(args.eval_dir), args.step_rows), f"{ssrc} answers"
-        game = GameConfig(proposer_n=1, solver_n=args.step_solver_n, rag_verify="policy", rag_distractors=0,
-                          min_searches=1, min_question_words=4, seed=args.seed)
-        sbase = dict(max_turns=args.max_turns, max_total_tokens=2048, max_tokens_per_turn=args.step_tokens_per_turn,
-                     max_info_tokens=args.max_info_tokens, topk=args.topk, temperature=1.0, seed=args.seed)
+        rows, rsrc, _, seed_pool, game, sbase = step_setup(args, args.step_tokens_per_turn)
 
         def ssp_step(eng, schedule: str, search_ms: int, judge_ms: int) -> dict:
             search = LatentSearch(retriever, f"{search_ms}ms", args.seed)
