@@ -136,7 +136,7 @@ echo "== [1/8] data, BM25 index, dtype"
 $PY scripts/prepare_data.py
 [ -f data/indexes/bm25/manifest.json ] || $PY -m retrieval.build_index --corpus data/corpus/wiki.jsonl \
   --out data/indexes/bm25 --kind bm25
-export DTYPE=${DTYPE:-$($PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval alike
+export DTYPE=${DTYPE:-$($PY -m utils.cpu_dtype --verbose --keep_in "$OUT")}   # SFT, RL and eval alike; kept in $OUT/dtype for reruns
 EVAL_DTYPE=$([ "$DTYPE" = bf16 ] && echo bfloat16 || echo float32)
 
 # Shared rollout protocol of SFT rendering, RL and eval (kept identical on purpose).

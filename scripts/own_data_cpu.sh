@@ -106,7 +106,7 @@ fi
 if [ "$DRY" = 1 ] && [ -z "${DTYPE:-}" ]; then
   DTYPE=MEASURED; echo "  (DTYPE: measured on this machine when it runs, python -m utils.cpu_dtype; shown as MEASURED)"
 fi
-export DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$NPROC $PY -m utils.cpu_dtype --verbose)}   # SFT, RL and eval alike
+export DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$NPROC $PY -m utils.cpu_dtype --verbose --keep_in "$OUT")}   # SFT, RL and eval alike; kept in $OUT/dtype for reruns
 EVAL_DTYPE=$(case "$DTYPE" in bf16) echo bfloat16 ;; fp32) echo float32 ;; *) echo "$DTYPE" ;; esac)
 
 echo "== [3/5] the index your runs search: $INDEX"

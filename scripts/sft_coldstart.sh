@@ -41,7 +41,7 @@ SFT_THREADS=${SFT_THREADS:-$(nproc)}
 BASE_MODEL=${BASE_MODEL:-data/models/SmolLM2-135M-Instruct}
 COLDSTART=${COLDSTART:-data/train/coldstart_mix.jsonl}
 PY=${PY:-.venv/bin/python}
-DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$SFT_THREADS $PY -m utils.cpu_dtype --verbose)}
+DTYPE=${DTYPE:-$(OMP_NUM_THREADS=$SFT_THREADS $PY -m utils.cpu_dtype --verbose --keep_in "$SFT_DIR")}   # kept in SFT_DIR/dtype: a resumed SFT stays in its dtype
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 

@@ -58,8 +58,8 @@ def test_demo_trains_from_the_sft_export_with_the_learning_proof_protocol():
     # the same game: the ladder's defaults (issue 31)
     assert script_protocol(DEMO) == script_protocol(PROOF)
     assert not re.search(r"^[^#\n]*--(rag_verify|min_searches|proposer_reward) ", demo, re.M)  # spelt once, in recipe.sh
-    for script in (demo, proof):  # the dtype is measured on the machine at hand, not a constant
-        assert "utils.cpu_dtype" in script
+    for script in (demo, proof):  # the dtype is measured on the machine at hand, not a constant, once per run folder
+        assert re.search(r'utils\.cpu_dtype --verbose --keep_in "\$OUT"', script)
     assert "--overwrite" in demo.split("eval.py", 1)[1]  # a re-run re-evaluates into the same folder
 
 
@@ -82,6 +82,7 @@ def test_demo_smoke_runs_and_reruns(tmp_path, smoke_sft):
     env = {**os.environ, "OUT": str(out), "PORT": str(free_port()), "SFT_DIR": str(smoke_sft), "STEPS": "1", "PROMPTS": "2", "EVAL_LIMIT": "2", "MAX_TOKENS_PER_TURN": "16",
            "NPROC": "1",  # one core per pytest worker (scripts/test.sh runs two)
            "TORCH_EXTENSIONS_DIR": str(REPO / ".torch_extensions")}
+    env.pop("DTYPE", None)  # measured, then kept in OUT/dtype: the rerun below checks that
 
     # first run: the SFT export given (SFT_DIR) is taken as it is, then SSP from it to step 1 (leg 2 has nothing
     # left to do), then the eval
@@ -107,8 +108,12 @@ def test_demo_smoke_runs_and_reruns(tmp_path, smoke_sft):
 
     # second run, one step further: the SFT export is reused, leg 1 is skipped, leg 2 resumes from
     # step 1, and the eval goes into the same folder again
+    # the dtype the first run measured is the one the resume uses (a second measurement may land elsewhere)
+    first_dtype = (out / "dtype").read_text().strip()
+    assert json.loads((out / "config.json").read_text())["model"]["dtype"] == first_dtype
     env["STEPS"], env["PORT"] = "2", str(free_port())
     second = _run_demo(env, tmp_path / "second.log")
+    assert f"cpu_dtype: {first_dtype}, kept from the run in {out}" in second
     assert "SFT cold start: skipped" in second and "-- SFT:" not in second
     assert (hf / "config.json").stat().st_mtime == sft_mtime
     assert "leg 1: skipped" in second
