@@ -89,8 +89,8 @@ from inference.prompts import TEMPLATES
 from inference.rollout import ROLLOUT_FLAGS, RolloutConfig, rollout_flag_errors
 from inference.simulated_search import SimulatedSearch
 from retrieval.manifest import check_index
-from training.config import Config, RolloutArgs, SearchArgs, add_field_flags, parse_bool
-from training.input_checks import model_folder_errors, model_path_errors, report_to_errors
+from training.settings.config import Config, RolloutArgs, SearchArgs, add_field_flags, parse_bool
+from training.settings.input_checks import model_folder_errors, model_path_errors, report_to_errors
 from utils.dist import keep_unused_imports_out, local_device
 from utils.errors import InputError, entry_point_error
 from utils.logging import configure_logging, log_summary
@@ -103,8 +103,8 @@ OUTPUTS = ("results.json", "results.md", "examples.jsonl", "config.json")
 
 # ---- the run's rollout protocol ---------------------------------------------------------------
 
-STEP_RE = re.compile(r"^step_\d+$")  # a checkpoint's tag (training/checkpoint.py tag_for)
-# eval flag -> (group, field) of the run's config.json (training/config.py Config.to_dict()): the rollout
+STEP_RE = re.compile(r"^step_\d+$")  # a checkpoint's tag (training/engine/checkpoint.py tag_for)
+# eval flag -> (group, field) of the run's config.json (training/settings/config.py Config.to_dict()): the rollout
 # protocol the run trained under. Not the training temperature: eval stays greedy unless --temperature says
 # otherwise. The search backend (solver_search and its index / retriever_url / sim_url / sim_model) is
 # resolved as one unit in parse_args.
@@ -219,7 +219,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 
 
 def build_parser() -> argparse.ArgumentParser:
-    # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/settings_play.py
+    # train.py's booleans (true/false, yes/no, 1/0, on/off) and its flags, declared once in training/settings/settings_play.py
     p = argparse.ArgumentParser(description=__doc__, formatter_class=_HelpFormatter)
     # model and engine
     p.add_argument("--model", required=True, help="HF model folder to evaluate, or a training run's: its folder, "
@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     # rollout protocol
     r = p.add_argument_group("rollout protocol (with --model in a training run, its config.json supplies what is "
                              "not given here; these defaults apply outside a run)")
-    # train.py's flags (training/settings_play.py): one name, default and help each
+    # train.py's flags (training/settings/settings_play.py): one name, default and help each
     add_field_flags(r, SearchArgs, ["topk"])
     add_field_flags(r, RolloutArgs, ["max_turns", "max_tokens_per_turn", "max_total_tokens", "max_info_tokens",
                                      "max_model_len", "rollout_schedule", "max_inflight"])

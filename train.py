@@ -23,7 +23,7 @@ Against the SSP paper's veRL release:
   * PPO mini-batch epochs are flags (--ppo_epochs, --ppo_mini_batches; default one optimizer step
     per game). Old log-probs are recomputed by the actor after generation (or taken from vLLM:
     --old_logprobs rollout); actor/rollout_lp_gap measures the rollout-vs-actor gap by a forward.
-  * a critic for PPO: estimator "gae" (per role) builds one beside the actor (training/critic.py),
+  * a critic for PPO: estimator "gae" (per role) builds one beside the actor (training/algorithm/critic.py),
     as veRL's adv_estimator=gae; docs/training.md, "PPO with a critic".
   * search backends per role: retriever, simulated (ZeroSearch; an LLM writes the documents),
     self (SSRL) or none.
@@ -47,13 +47,13 @@ import sys
 from pathlib import Path
 
 # Project modules that load no torch / vLLM / DeepSpeed, so --help and a refused input stay fast: the heavy ones
-# (training.engine_builder and training.trainer import torch) are imported where they are used.
-from training.config import (GROUPS, Config, ConfigError, build_parser, groups_from_namespace, needs_critic,
+# (training.engine.engine_builder and training.loop.trainer import torch) are imported where they are used.
+from training.settings.config import (GROUPS, Config, ConfigError, build_parser, groups_from_namespace, needs_critic,
                              needs_reference, parse_config, resolve_defaults, validate_args)
-from training.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
-from training.memory_plan import dry_run_report
-from training.preflight import input_errors, preflight
-from training.run_state import run_folder_errors
+from training.settings.launch_env import cuda_present, demo_default_errors, demo_defaults_in_use, node_count
+from training.engine.memory_plan import dry_run_report
+from training.settings.preflight import input_errors, preflight
+from training.engine.run_state import run_folder_errors
 from utils.dist import free_port, init_distributed, prepare_launch_env
 from utils.errors import InputError
 from utils.logging import configure_logging
@@ -91,8 +91,8 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
     everything validate_args checks, against the launcher's world size, except files that are not on
     this machine, which are listed instead; the CPU demo's defaults, refused on CUDA or across nodes
     (the launcher's environment says which) and listed otherwise; the inputs that are here, read as the
-    launch reads them (training/preflight.py) and the run folder as the launch would claim it (read-only,
-    training/run_state.py); then print the resolved config, the
+    launch reads them (training/settings/preflight.py) and the run folder as the launch would claim it (read-only,
+    training/engine/run_state.py); then print the resolved config, the
     memory plan with the checkpoint disk, and the DeepSpeed config,
     and pass that config, with the run's optimizer, through deepspeed.initialize and one step on a
     stand-in model at world size 1. Only local rank 0 of each node prints and runs DeepSpeed: the
@@ -123,7 +123,7 @@ def dry_run(argv: list[str], build_ops: bool) -> int:
         print("train.py --dry_run: invalid configuration:\n  - " + "\n  - ".join(errors), file=sys.stderr)
         return 1
 
-    from training.engine_builder import build_ds_config, critic_ds_config  # lazy: imports torch
+    from training.engine.engine_builder import build_ds_config, critic_ds_config  # lazy: imports torch
 
     ds_cfgs = {"actor": build_ds_config(cfg, train=True)}
     if needs_reference(cfg):
@@ -166,7 +166,7 @@ def deepspeed_check(cfg, ds_cfgs: dict, build_ops: bool) -> list[str]:
     import deepspeed
     import torch
 
-    from training.engine_builder import make_optimizer  # imports torch
+    from training.engine.engine_builder import make_optimizer  # imports torch
 
     lines, ds = [], dict(ds_cfgs["actor"])
     model = torch.nn.Linear(16, 16)
@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> None:
     try:  # a mistake in the user's input is one message (docs/TROUBLESHOOTING.md); anything else keeps its traceback
         cfg = parse_config(argv, description=DESCRIPTION)
         inputs = preflight(cfg)  # rows, model folder, index: read and checked before torch, the model or DeepSpeed
-        from training.trainer import SSPTrainer  # lazy: torch, numpy (and DeepSpeed, vLLM when it builds the engines)
+        from training.loop.trainer import SSPTrainer  # lazy: torch, numpy (and DeepSpeed, vLLM when it builds the engines)
 
         trainer = SSPTrainer(cfg, inputs)  # validates again once the world size is known, then the run folder
     except InputError as e:

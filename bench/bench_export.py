@@ -4,9 +4,9 @@ SmolLM2-135M (fp32).
     .venv/bin/python bench/bench_export.py                # launches torchrun itself
     .venv/bin/python bench/bench_export.py --repeats 5
 
-Each rank builds the real actor (training.engine_builder), then exports it again and again,
+Each rank builds the real actor (training.engine.engine_builder), then exports it again and again,
 alternating two ways:
-  * training.hf_export.export_hf: each tensor's partitions gathered to rank 0 alone (no
+  * training.engine.hf_export.export_hf: each tensor's partitions gathered to rank 0 alone (no
     all-gather), rank 0 writes it into sharded safetensors (--max_shard_size) and lets it go;
   * the previous export, for contrast: every rank gathers the whole model into CPU memory,
     then rank 0 writes one unsharded file;
@@ -38,12 +38,12 @@ sys.path.insert(0, str(REPO))
 
 from bench.report import md_table, write_results  # noqa: E402
 from inference.layer_buckets import group_by_layer  # noqa: E402
-from training.config import Config  # noqa: E402
+from training.settings.config import Config  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_export.py", "inference/layer_buckets.py", "training/engine_builder.py", "training/hf_export.py"]
+MEASURES = ["bench/bench_export.py", "inference/layer_buckets.py", "training/engine/engine_builder.py", "training/engine/hf_export.py"]
 
 MB = 1 << 20
 
@@ -98,8 +98,8 @@ def child(args) -> None:
     D.init_distributed()
     import torch
 
-    from training.engine_builder import build_engines
-    from training.hf_export import export_hf
+    from training.engine.engine_builder import build_engines
+    from training.engine.hf_export import export_hf
 
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = args.model, "fp32", False

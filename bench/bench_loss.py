@@ -4,7 +4,7 @@
     .venv/bin/python bench/bench_loss.py --repeats 1 --seqs 8 --mem-tokens 1024   # a quick look
 
 (a) A packed train step (forward + backward, one row per micro-batch, the varlen sdpa
-    of training/packing.py) against a right-padded one (fixed sequences per micro-batch,
+    of training/algorithm/packing.py) against a right-padded one (fixed sequences per micro-batch,
     padded to the longest), on lognormal multi-turn lengths in [200, 4000], with a
     ~5M-parameter Qwen2; a third row packs with plain sdpa and a 4D block mask. Both use the same chunked log-prob head and the same loss, so the ratio
     measures packing alone. Reported in useful (non-pad) tokens/s; the losses and
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/bench_loss.py", "training/logprobs.py", "training/loss.py", "training/packing.py"]
+MEASURES = ["bench/bench_loss.py", "training/algorithm/logprobs.py", "training/algorithm/loss.py", "training/algorithm/packing.py"]
 
 import torch  # noqa: E402
 
@@ -106,8 +106,8 @@ def _model(vocab):
 
 
 def _packed_step(model, mbs, norm, varlen=True):
-    from training.logprobs import sequence_logprobs
-    from training.loss import policy_loss
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.loss import policy_loss
     total = 0.0
     for mb in mbs:
         lp, _ = sequence_logprobs(model, mb, 1.0, varlen_sdpa=varlen)
@@ -133,8 +133,8 @@ def _padded_batches(ids, masks, advs, olds, per_mb):
 
 def _padded_step(model, batches, norm):
     """The usual padded path: (B, L) rows with a 2D attention mask; same head and loss as packed."""
-    from training.logprobs import chunked_logprobs_entropy
-    from training.loss import policy_loss
+    from training.algorithm.logprobs import chunked_logprobs_entropy
+    from training.algorithm.loss import policy_loss
     head = model.get_output_embeddings()
     total = 0.0
     for ids, attn, mask, adv, old in batches:
@@ -150,8 +150,8 @@ def _padded_step(model, batches, norm):
 
 
 def bench_packing(args):
-    from training.logprobs import sequence_logprobs
-    from training.packing import pack_micro_batches, unpack_to_sequences
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.packing import pack_micro_batches, unpack_to_sequences
 
     import copy
     lengths, ids, masks, advs = _workload(args)
@@ -229,7 +229,7 @@ def _peak_mb() -> float:
 
 def child(args):
     """Run one variant (fwd + bwd) and print its peak-RSS rise and time as JSON."""
-    from training.logprobs import chunked_logprobs_entropy, full_logprobs_entropy
+    from training.algorithm.logprobs import chunked_logprobs_entropy, full_logprobs_entropy
     t_len, v, h = args.mem_tokens, args.mem_vocab, args.mem_hidden
     if args.child == "trl":
         from trl.trainer.utils import selective_log_softmax_and_entropy
@@ -385,7 +385,7 @@ def main():
               f"process; rise of the peak RSS (VmHWM reset just before the call) over the RSS then (inputs already "
               f"allocated; every variant also allocates the (V, H) weight gradient).\n")
     rows_b = []
-    for name, label in (("chunked", "chunked (training/logprobs.py, torch path)"),
+    for name, label in (("chunked", "chunked (training/algorithm/logprobs.py, torch path)"),
                         ("full", "full fp32 logits + log_softmax")):
         if mem.get(name):
             rows_b.append([label, f"{mem[name]['peak_rise_mb']:.0f}", f"{mem[name]['seconds']:.2f}"])

@@ -12,7 +12,7 @@ steps, alternating, and report the median over repeats of the whole step's packi
 - before (the trainer at 00d7210): pack_equal for the old log-probs, the reference's, the critic's values
   (each followed by unpack_to_sequences of the forward's packed output), then pack_equal again for the
   actor's mini-batch (advantages, old and reference log-probs packed in) and the critic's (values, returns);
-- after (training/step_batch.py): one StepBatch packing; put_packed + column for the old, reference and
+- after (training/algorithm/step_batch.py): one StepBatch packing; put_packed + column for the old, reference and
   value outputs, put for the advantages and returns (what the trainer and ppo_update/critic_update do).
 
 Scenarios: "default" (--old_logprobs recompute, no reference, no critic: old + update), and "full" (a
@@ -42,11 +42,11 @@ import torch  # noqa: E402
 from bench.report import RESULTS_JSON, md_table, write_results  # noqa: E402
 from inference.prompts import build_proposer_prompt, build_solver_prompt  # noqa: E402
 from inference.trajectory import Trajectory  # noqa: E402
-from training.packing import unpack_to_sequences  # noqa: E402
-from training.step_batch import ADV, OLD, REF, RETURNS, VALUES, StepBatch, put_missing  # noqa: E402
-from training.micro_batches import pack_equal  # noqa: E402
+from training.algorithm.packing import unpack_to_sequences  # noqa: E402
+from training.algorithm.step_batch import ADV, OLD, REF, RETURNS, VALUES, StepBatch, put_missing  # noqa: E402
+from training.algorithm.micro_batches import pack_equal  # noqa: E402
 
-MEASURES = ["bench/bench_pack.py", "training/micro_batches.py", "training/packing.py", "training/step_batch.py", "training/update.py"]
+MEASURES = ["bench/bench_pack.py", "training/algorithm/micro_batches.py", "training/algorithm/packing.py", "training/algorithm/step_batch.py", "training/algorithm/update.py"]
 INFO = re.compile(r"(<information>.*?</information>)", re.S)
 
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                       "after"], rows)
           + "\n\n'default': --old_logprobs recompute, no reference, no critic; 'full': with a reference and a critic on "
             "both roles (the teacher keeps its own packing in both). Before = the trainer at 00d7210 (pack_equal per "
-            "phase); after = training/step_batch.py. The trainer logs the in-step time as timing_s/pack; see "
+            "phase); after = training/algorithm/step_batch.py. The trainer logs the in-step time as timing_s/pack; see "
             "'step breakdown' for the step it sits in.")
     # its size in a step: the step breakdown's measured steps (bench/bench_step.py), when results.json has them
     known = json.loads(RESULTS_JSON.read_text()) if RESULTS_JSON.exists() else {}

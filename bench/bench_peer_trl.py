@@ -49,7 +49,7 @@ from bench.report import md_table, write_results  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 MEASURES = ["bench/bench_peer_trl.py", "bench/peer_trl_loss.py", "bench/peer_trl_run.py", "bench/peer_trl_env.py",
-            "training/loss.py", "training/logprobs.py", "training/packing.py", "train.py", "training", "inference"]
+            "training/algorithm/loss.py", "training/algorithm/logprobs.py", "training/algorithm/packing.py", "train.py", "training", "inference"]
 TARGETS = {"step_speedup": 1.5, "tokens_per_s_ratio": 1.5, "peak_rss_ratio": 1.0, "loss_max_rel_diff": 1e-5}
 
 

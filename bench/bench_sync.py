@@ -6,11 +6,11 @@
 
 Each configuration (dtype x --train_top_layers) runs in its own torchrun, one after another in
 this invocation, so the table compares them on the same machine state. In it each rank builds the
-real actor (training.engine_builder, with the lower layers frozen as --train_top_layers does) and
+real actor (training.engine.engine_builder, with the lower layers frozen as --train_top_layers does) and
 vLLM engine, then times HybridEngine.sync_weights() for per-layer buckets (bucket_mb=0) and for
 the trainer's default buckets (--sync_bucket_mb), alternating, after a real optimizer step perturbs
 the trained weights each round. With N top layers trained only those layers and the final norm are
-sent (training/hybrid.py: frozen weights never change, so they are never re-sent).
+sent (training/engine/hybrid.py: frozen weights never change, so they are never re-sent).
 
 Correctness: after every sync the rollout/train log-prob gap on a short sample must be near 0
 (fp32: ~1e-5), so a fast but wrong sync cannot pass. As a control the same gap is measured just
@@ -36,14 +36,14 @@ sys.path.insert(0, str(REPO))
 from bench.report import md_table, write_results  # noqa: E402
 from inference.engine_api import SamplingConfig  # noqa: E402
 from inference.engines import VLLMEngine  # noqa: E402
-from training.config import Config  # noqa: E402
-from training.hybrid import HybridEngine  # noqa: E402
+from training.settings.config import Config  # noqa: E402
+from training.engine.hybrid import HybridEngine  # noqa: E402
 from utils import dist as D  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 # The code whose speed and correctness this measures (bench/report.py --check flags the section when it changes).
 MEASURES = ["bench/bench_sync.py", "inference/engines.py", "inference/vllm_compat.py", "inference/layer_buckets.py",
-            "training/engine_builder.py", "training/hybrid.py"]
+            "training/engine/engine_builder.py", "training/engine/hybrid.py"]
 
 
 def _lp_gap(eng, llm, prompt: list[int], seed: int) -> float:
@@ -63,7 +63,7 @@ def child(args) -> None:
     D.init_distributed()
     import torch
 
-    from training.engine_builder import build_engines
+    from training.engine.engine_builder import build_engines
 
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = args.model, args.dtype, False

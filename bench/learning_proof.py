@@ -82,7 +82,7 @@ from bench.learning_common import (GAME_COLUMNS, NAN, READING_SOURCES, doc1_titl
 from bench.learning_compare import (COMPARISONS, LADDER_MEASURES, answer_habits, arm_vs_sft,  # noqa: E402
                                     compare_section, equal_wall_milestone, paired_bootstrap, question_em, rl_seconds)
 from bench.report import BENCH_DIR, md_table, write_results  # noqa: E402
-from training.config import upgrade_saved_config  # noqa: E402
+from training.settings.config import upgrade_saved_config  # noqa: E402
 
 __all__ = ["answer_habits", "equal_wall_milestone", "paired_bootstrap", "question_em", "rl_seconds", "read_metrics",
            "doc1_title_share", "fresh_acc", "mean_of"]  # read by tests and by bench/learning_compare.py's users

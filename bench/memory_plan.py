@@ -5,7 +5,7 @@
 
 No GPU and no model download: each script's train.py flags are taken from the script itself (bash
 runs it with DRY_RUN=1 and a stand-in `deepspeed` first on PATH that prints its arguments), and the
-architecture comes from training/memory_plan.py's built-in table. Checks against independent figures:
+architecture comes from training/engine/memory_plan.py's built-in table. Checks against independent figures:
   (a) DeepSpeed's own ZeRO-3 estimator for the same model and world, beside our model-states term;
   (b) a configuration a published run fits: Search-R1's PPO of Qwen2.5-7B on one node of 8 x H100
       80GB (its train_ppo.sh) must come out under 80 GB here.
@@ -29,12 +29,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import RESULTS_DIR, md_table, write_results  # noqa: E402
-from training import memory_plan as mp  # noqa: E402
-from training.config import GROUPS, Config, build_parser, resolve_defaults  # noqa: E402
+from training.engine import memory_plan as mp  # noqa: E402
+from training.settings.config import GROUPS, Config, build_parser, resolve_defaults  # noqa: E402
 
 # The code this section measures (bench/report.py --check flags the section when it changes).
-MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/config.py", "training/settings_play.py",
-            "training/settings_learn.py", "training/memory_plan.py"]
+MEASURES = ["bench/memory_plan.py", "scripts/train_*.sh", "training/settings/config.py", "training/settings/settings_play.py",
+            "training/settings/settings_learn.py", "training/engine/memory_plan.py"]
 
 MODEL_SCRIPTS = sorted(p for p in (REPO / "scripts").glob("train_*.sh") if p.name != "train_common.sh")
 # Variables the scripts read from the environment: cleared so each script's own defaults apply.
@@ -128,7 +128,7 @@ def main() -> None:
                  "memory_plan.search_r1.under_80": sr_ok})
 
     md = (f"Per-GPU estimate of each `scripts/train_*.sh` as shipped, on {WORLD} GPUs of {GPU_GB:g} GiB "
-          f"(one node), from `training/memory_plan.py` (the formulas are in its docstring; the architectures "
+          f"(one node), from `training/engine/memory_plan.py` (the formulas are in its docstring; the architectures "
           f"from its built-in table). Train peak: ZeRO-3 partitions + the larger of (activations of one "
           f"`--micro_token_budget` micro-batch with gradient checkpointing + the backward's larger moment: the "
           f"chunked log-prob head or one recomputed layer) and the optimizer step's fp32 transient + 2 GiB runtime; generate peak: what training leaves resident + vLLM's `--gpu_memory_utilization` share. "

@@ -1,4 +1,4 @@
-"""Measure the train-phase terms of training/memory_plan.py on one CUDA GPU (world size 1).
+"""Measure the train-phase terms of training/engine/memory_plan.py on one CUDA GPU (world size 1).
 
     python bench/memory_plan_gpu.py --out measured.json      # on a GPU machine (needs deepspeed)
     .venv/bin/python bench/memory_plan_gpu.py --report measured.json   # here: writes the RESULTS.md section
@@ -22,8 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.report import md_table, write_results  # noqa: E402
-from training import memory_plan as mp  # noqa: E402
-from training.config import Config  # noqa: E402
+from training.engine import memory_plan as mp  # noqa: E402
+from training.settings.config import Config  # noqa: E402
 from utils.dist import free_port  # noqa: E402
 
 SHAPES = {  # the architectures of Qwen2.5-0.5B and -1.5B (their config.json values)
@@ -40,9 +40,9 @@ def measure(shape: str, ckpt: bool, tokens: int) -> dict:
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from training.engine_builder import build_ds_config
-    from training.logprobs import sequence_logprobs
-    from training.packing import MicroBatch
+    from training.engine.engine_builder import build_ds_config
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.packing import MicroBatch
 
     cfg = Config()
     cfg.model.gradient_checkpointing, cfg.optimisation.micro_token_budget = ckpt, tokens
@@ -111,7 +111,7 @@ def report(path: str) -> None:
         case = f"memory_plan.gpu.{r['shape']}.ckpt{int(r['gradient_checkpointing'])}"
         keys[f"{case}.peak_planned_over_measured"] = round(p["peak_without_runtime"] / r["measured_peak"], 3)
         keys[f"{case}.fwd_bwd_planned_over_measured"] = round(p["fwd_bwd"] / m["fwd_bwd"], 3)
-    md = (f"Train-phase terms of `training/memory_plan.py` against `torch.cuda.max_memory_allocated` on one "
+    md = (f"Train-phase terms of `training/engine/memory_plan.py` against `torch.cuda.max_memory_allocated` on one "
           f"{runs[0]['device']} (world size 1, bf16, the repo's ZeRO-3 config, torch AdamW, the packed log-prob "
           f"path with the Triton head; random weights of the named shape; 2048-token sequences packed to the "
           f"budget; SDPA, no flash-attn installed). States are measured after the first optimizer step; the "

@@ -12,16 +12,16 @@ sides act), one advantage per sequence, sampling temperature 0.8. Two copies of 
   accumulation 1), fed the padded batch as its `_prepare_inputs` would (left-padded prompts, right-padded
   completions, old_per_token_logps, advantages, num_items_in_batch); its own fused lm-head log-probs.
 - Ours: the same sequences packed without padding into several one-row micro-batches (a token budget that splits
-  the batch), `training.logprobs.sequence_logprobs` (per-sequence SDPA, chunked lm-head) and
-  `training.loss.policy_loss` with the global normaliser of `count_normaliser`, one backward per micro-batch
-  accumulated, as training/update.py does.
+  the batch), `training.algorithm.logprobs.sequence_logprobs` (per-sequence SDPA, chunked lm-head) and
+  `training.algorithm.loss.policy_loss` with the global normaliser of `count_normaliser`, one backward per micro-batch
+  accumulated, as training/algorithm/update.py does.
 
 The loss types matched (TRL name -> our --loss_agg and normaliser):
   bnpo     token-mean           (sum over the batch's completion tokens / their count: our default)
   dapo     token-mean           (TRL divides by num_items_in_batch, the generation batch's tokens: the same here)
   grpo     seq-mean-token-mean  (mean over each sequence's tokens, then over sequences)
   dr_grpo  seq-mean-token-sum with normaliser N_seqs x max_completion_length. train.py's seq-mean-token-sum
-           divides by N_seqs only (training/update.py passes count_normaliser): the same direction, a loss
+           divides by N_seqs only (training/algorithm/update.py passes count_normaliser): the same direction, a loss
            max_completion_length times TRL's. That constant has no train.py flag, so this row calls policy_loss
            with the paper's normaliser directly, and the report says so.
 Not matched: TRL's cispo/sapo/vespo/luspo (we have none); our seq-mean-token-sum's N_seqs normaliser (no TRL type).
@@ -178,9 +178,9 @@ def our_loss(model, prompts, comps, masks, adv, old, ref, *, agg, norm_kind, max
              kl_coef, budget):
     """Sum of the micro-batch losses (each its share of the global loss), backward run on each."""
     import torch
-    from training.logprobs import sequence_logprobs
-    from training.loss import count_normaliser, policy_loss
-    from training.packing import pack_micro_batches
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.loss import count_normaliser, policy_loss
+    from training.algorithm.packing import pack_micro_batches
 
     ids, per = [], {"loss_mask": [], "old_logprobs": [], "advantages": [], "ref_logprobs": []}
     for p, c, m, a, o, r in zip(prompts, comps, masks, adv, old, ref):
@@ -193,7 +193,7 @@ def our_loss(model, prompts, comps, masks, adv, old, ref, *, agg, norm_kind, max
     mbs = pack_micro_batches(ids, budget, per_token=per)
     if norm_kind == "count":
         normaliser = sum(count_normaliser(mb.tensors["loss_mask"], agg, mb.cu_seqlens) for mb in mbs)
-    else:   # Dr. GRPO's constant: sequences x max completion length (training/loss.py's docstring)
+    else:   # Dr. GRPO's constant: sequences x max completion length (training/algorithm/loss.py's docstring)
         normaliser = len(ids) * max_completion
     total = 0.0
     for mb in mbs:

@@ -24,7 +24,7 @@ from pathlib import Path
 from inference.data import load_eval_rows, load_proposer_rows
 from retrieval.corpus import iter_corpus
 from retrieval.manifest import check_index as check_index_folder
-from training.input_checks import model_folder_errors
+from training.settings.input_checks import model_folder_errors
 from utils.errors import InputError, entry_point_error
 
 DOCS = "docs/data.md"

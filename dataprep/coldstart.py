@@ -6,7 +6,7 @@
 
 A 135M model rarely writes a well-formed <search>/<answer>/<question> turn on its own, so RL from
 scratch spends its first steps on format. A short SFT on these demos teaches the tag protocol first.
-Each demo is one JSON line (training/sft.py consumes exactly this; dataprep/demos.py builds and checks it):
+Each demo is one JSON line (training/loop/sft.py consumes exactly this; dataprep/demos.py builds and checks it):
 
   {"role": "solver", "question", "answer": [aliases], "source", "turns": [...]}
   {"role": "proposer", "answer": str, "n_searches": 2, "source", "question": <question written>, "turns": [...]}
@@ -61,7 +61,7 @@ from dataprep.protocol import Protocol, misfit
 from inference.data import fanoutqa_scalar_answer, walk_decomposition
 from inference.filters import FilterConfig, check_question
 from inference.game import GameConfig
-from training.config import RolloutArgs, SelfPlayArgs
+from training.settings.config import RolloutArgs, SelfPlayArgs
 from utils import assets
 from utils.logging import write_jsonl_atomic
 from utils.text import normalize_answer

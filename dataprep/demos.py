@@ -1,5 +1,5 @@
 """One cold-start demo (dataprep/coldstart.py builds them; dataprep/reading_sets.py mixes them): its shape, one JSON
-line of what training/sft.py reads, built from the searches it made and checked, and which retrieved document
+line of what training/loop/sft.py reads, built from the searches it made and checked, and which retrieved document
 grounds its answer.
 
   {"role": "solver", "question", "answer": [aliases], "source", "turns": [...]}
@@ -94,7 +94,7 @@ def proposer_demo(answer: str, question: str, source: str, searches: list[tuple[
 
 
 def validate_demo(demo: dict) -> None:
-    """Raise ValueError unless the demo has the shape training/sft.py and the rollout loop expect."""
+    """Raise ValueError unless the demo has the shape training/loop/sft.py and the rollout loop expect."""
     role, turns = demo.get("role"), demo.get("turns") or []
     final = {"solver": "</answer>", "proposer": "</question>"}.get(role)
     if final is None:

@@ -1,6 +1,6 @@
 """The rollout protocol a cold-start demo must fit, and the checks and cuts that make it fit.
 
-A demo teaches the exact token sequence a rollout builds (training/sft.py renders it so). A demo that
+A demo teaches the exact token sequence a rollout builds (training/loop/sft.py renders it so). A demo that
 the RL protocol could never produce teaches the model to fail there: 76 of 160 proposer demos once had a
 turn over the ladder's 64-token cap, and 92 searched 3 times where the ladder allows 2 searches before
 the question, so most proposer rollouts ended with no question at all (issue 31). The builders

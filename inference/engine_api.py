@@ -119,7 +119,7 @@ class TokenGenerator(Protocol):
 
 @runtime_checkable
 class RolloutEngine(TokenGenerator, Protocol):
-    """A TokenGenerator the hybrid engine (training/hybrid.py) also syncs weights into and puts to sleep.
+    """A TokenGenerator the hybrid engine (training/engine/hybrid.py) also syncs weights into and puts to sleep.
 
     One sync, as the hybrid engine runs it each step:
         expect_weights(actor names)                     # once, at start

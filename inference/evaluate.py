@@ -8,7 +8,7 @@
 eval.py is the command line over it (the run's protocol, the engine, the search backend, the judge)
 and its docstring says what every metric means: EM, F1, sub-EM, judge accuracy, the title heuristic
 (issue 21) and, with K samples per question, pass@K / mean@K / pass@k_unbiased. The trainer calls
-evaluate() for its periodic held-out eval (training/trainer.py SSPTrainer.evaluate), so both measure
+evaluate() for its periodic held-out eval (training/loop/trainer.py SSPTrainer.evaluate), so both measure
 the policy through the same multi-turn rollout loop (inference/rollout.py).
 """
 

@@ -19,7 +19,7 @@ for one seed.
 
 Slots: slot i belongs to proposer trajectory i (its question when valid, else a pool question drawn by
 FillPlan, else none); fixed QA questions take the slots after. Group ids: the G_p samples of proposer prompt i
-share "s{step}-p{i}"; the G_s solver samples of slot j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/rounds.py)
+share "s{step}-p{i}"; the G_s solver samples of slot j share "s{step}-q{j}"; round k >= 1 of a refilled step (training/loop/rounds.py)
 names them "s{step}r{k}-p{i}" and "s{step}r{k}-q{j}". Rewards are written into the trajectories;
 advantages are the trainer's business.
 
@@ -70,7 +70,7 @@ EXCLUSION_REASONS = ("judge_failed", "search_failed")
 @dataclass
 class GameConfig:
     """The game's settings. Each field's default is the one default of that setting: train.py's flags
-    (training/config.py) read it from here, so the two cannot drift apart."""
+    (training/settings/config.py) read it from here, so the two cannot drift apart."""
     # --- sampling ---
     proposer_n: int = 1
     """G_p: proposer rollouts per prompt. 1 is SSP's setting (PROPOSER_N=1); group-norm advantages

@@ -195,7 +195,7 @@ def round_stats(props, sols, reasons, verdict, n_fills, pool, served=(), one_sea
     Served pool questions: game/pool_servings sums served_counts (a count: summed over ranks and rounds, so
     game/pool_served_mean = game/pool_servings / game/pool_fills, made by `shares`, is exact); game/pool_served_max
     is this rank's largest, only when it served one: the step's value is the mean over the ranks that served
-    of each rank's max over its rounds (training/rounds.py), not the global max.
+    of each rank's max over its rounds (training/loop/rounds.py), not the global max.
 
     Per answer kind k (answer_kind) present this round: game/proposer_trajs/k, game/valid_questions/k and
     game/filter/k/<reason> (FILTER_REASONS and rag_failed), all counts; `shares` makes game/valid_rate/k."""

@@ -25,7 +25,7 @@ class HFEngine:
     Weights and memory, against vLLM: a sync copies into the model's own parameters in place, so it never
     needs fused layers whole; no KV cache outlives a generate() call, so there is no prefix cache to reset
     and no KV pool to free; and sleep() frees nothing (the weights stay on their device, which
-    training/memory_plan.py counts in both phases), but keeps the sleeping state, so that generate()
+    training/engine/memory_plan.py counts in both phases), but keeps the sleeping state, so that generate()
     between sleep() and wake_up() is refused as on vLLM and a wrong order shows on CPU too.
     """
 

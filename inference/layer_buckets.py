@@ -2,8 +2,8 @@
 
 vLLM rebuilds each fused weight (q/k/v -> qkv_proj, gate/up -> gate_up_proj) only from the tensors given
 in one reload call, so a sync's bucket must hold whole decoder layers (docs/PLATFORM_NOTES.md, vLLM weight
-sync). The hybrid engine (training/hybrid.py) packs these layer groups into its buckets; the HF export
-(training/hf_export.py) gathers ZeRO-3 shards a layer at a time with them.
+sync). The hybrid engine (training/engine/hybrid.py) packs these layer groups into its buckets; the HF export
+(training/engine/hf_export.py) gathers ZeRO-3 shards a layer at a time with them.
 """
 
 from __future__ import annotations

@@ -112,7 +112,7 @@ def rollout_flag_errors(flags: dict) -> list[str]:
 def rollout_errors(values: dict, name=lambda field: f"RolloutConfig.{field}") -> list[str]:
     """What is wrong with these RolloutConfig fields ([] when nothing is); fields absent from `values` are not
     checked. `name` spells a field in the messages: train.py and eval.py pass their flags' names, so a bad flag
-    is refused before anything loads (training/validation.py, eval.py) with the rules RolloutConfig enforces."""
+    is refused before anything loads (training/settings/validation.py, eval.py) with the rules RolloutConfig enforces."""
     errs = []
     for field in ("max_turns", "max_total_tokens", "max_tokens_per_turn", "max_info_tokens", "topk", "search_workers"):
         if field in values and values[field] < 1:

@@ -98,7 +98,7 @@ class Trajectory:
     cap: str | None = None         # stop_reason "max_tokens": which budget ran out, "turn" or "total"
     meta: GameMeta = field(default_factory=GameMeta)        # the game's tag on the request
     outcome: Outcome = field(default_factory=Outcome)       # how the game scored it
-    teacher_context: str | None = None  # self-distillation's privileged block (training/self_distill.py)
+    teacher_context: str | None = None  # self-distillation's privileged block (training/algorithm/self_distill.py)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:

@@ -174,8 +174,8 @@ def step_logprobs(hf_dir: str, cuda: bool) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from training.logprobs import sequence_logprobs
-    from training.packing import pack_micro_batches
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.packing import pack_micro_batches
 
     dev = "cuda" if cuda else "cpu"
     ref_model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="sdpa").eval()
@@ -200,7 +200,7 @@ def step_logprobs(hf_dir: str, cuda: bool) -> dict:
         out[f"{name}_max_abs_diff"] = max(diffs)
         out[f"{name}_entropy_finite"] = bool(torch.isfinite(ent).all())
         if cuda:
-            from training.logprobs import use_triton_kernel
+            from training.algorithm.logprobs import use_triton_kernel
             out["triton_kernel"] = bool(use_triton_kernel(torch.empty(1, device=dev)))
         del model
     # fp32 on any device: the same numbers up to summation order; bf16: rounding of a 135M model

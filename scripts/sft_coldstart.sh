@@ -5,7 +5,7 @@
 #   1. the cold-start demos, data/train/coldstart.jsonl (python -m dataprep.coldstart; built once,
 #      together with the held-out eval set data/eval/wiki_desc_heldout.jsonl), and their leak check
 #      against every eval set, said out loud
-#   2. training.sft on the first SFT_DEMOS of them -> HF export at SFT_DIR/hf (train.py --model_path,
+#   2. training.loop.sft on the first SFT_DEMOS of them -> HF export at SFT_DIR/hf (train.py --model_path,
 #      eval.py --model)
 # The demos are built when missing, always (the eval sets need wiki_desc_heldout.jsonl). The SFT is
 # skipped when SFT_DIR/hf already holds a finished export (config.json + model.safetensors or its
@@ -73,10 +73,10 @@ $PY -m dataprep.coldstart --check "$COLDSTART"   # the leak check, said out loud
 echo "-- SFT: $SFT_DEMOS demos, batch $SFT_BATCH, lr $SFT_LR, top $SFT_TOP_LAYERS layers, $DTYPE -> $SFT_DIR/hf" \
   "(log: $SFT_DIR.log)"
 mkdir -p "$(dirname "$SFT_DIR")"
-OMP_NUM_THREADS=$SFT_THREADS $PY -m training.sft --model_path "$BASE_MODEL" --data "$COLDSTART" \
+OMP_NUM_THREADS=$SFT_THREADS $PY -m training.loop.sft --model_path "$BASE_MODEL" --data "$COLDSTART" \
   --output_dir "$SFT_DIR" --dtype "$DTYPE" --batch_size "$SFT_BATCH" --max_demos "$SFT_DEMOS" --epochs 1 \
   --lr "$SFT_LR" --warmup_steps 1 --lr_schedule cosine --train_top_layers "$SFT_TOP_LAYERS" \
   --max_info_tokens "$SFT_MAX_INFO_TOKENS" --gradient_checkpointing false --seed 0 --save_every 4 \
   2>&1 | tee -a "$SFT_DIR.log"
-hf_export_done "$SFT_DIR/hf" || { echo "sft_coldstart: training.sft left no HF export in $SFT_DIR/hf" >&2; exit 1; }
+hf_export_done "$SFT_DIR/hf" || { echo "sft_coldstart: training.loop.sft left no HF export in $SFT_DIR/hf" >&2; exit 1; }
 echo "-- SFT cold start done in $(( $(date +%s) - t )) s: $SFT_DIR/hf"

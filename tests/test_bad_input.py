@@ -9,7 +9,7 @@ Cost: the cases run in one subprocess (`python tests/test_bad_input.py CASES OUT
 each entry point's main() in turn as its `__main__` would and records what a terminal would show: a
 SystemExit's message, or a traceback for anything else. Alongside it one real `python <entry point>` per entry
 point (train.py, eval.py, retrieval.server, build_index, import_searchr1, scripts/prepare_data.py) checks the
-wiring. Nothing builds a model or DeepSpeed: the subprocess replaces training.engine_builder.build_engines
+wiring. Nothing builds a model or DeepSpeed: the subprocess replaces training.engine.engine_builder.build_engines
 and the rollout engines with sentinels that record a call, and records the heavy modules each case imports
 (torch, DeepSpeed, vLLM, transformers): none before train.py's trainer, and no vLLM or transformers at all, but
 for eval.py's prompt-budget check, which loads the model's tokenizer (transformers) to count tokens.
@@ -70,7 +70,7 @@ def _ckpt(path: Path, truncate: bool = False) -> None:
 
 def _run_folder(out: Path, latest: str, truncated: int | None = None) -> Path:
     """A run folder of the demo's settings, as train.py left it: config.json, checkpoints 10 and 20, latest."""
-    from training.config import parse_config, resolve_defaults
+    from training.settings.config import parse_config, resolve_defaults
 
     cfg = parse_config(["--output_dir", str(out)])
     resolve_defaults(cfg, world_size=1)   # what the trainer records (--prompts_per_step 0 -> 4)
@@ -110,7 +110,7 @@ def make_inputs(d: Path) -> dict[str, Path]:
     (f["dense_in_bm25"] / "manifest.json").write_text(json.dumps({**m, "kind": "dense"}))   # another index's kind
     f["other_run"] = d / "other_run"
     f["other_run"].mkdir()
-    from training.config import parse_config
+    from training.settings.config import parse_config
     parse_config(["--lr", "1e-3"]).save(f["other_run"] / "config.json")   # another run's settings
     f["run_missing"] = _run_folder(d / "run_missing", latest="step_000030")               # names a missing step
     f["run_trunc"] = _run_folder(d / "run_trunc", latest="step_000020", truncated=20)     # its state cut short
@@ -298,8 +298,8 @@ def _sentinels(built: list) -> None:
     import inference.hf_engine
     inference.engines.VLLMEngine.__init__ = refuse("VLLMEngine")
     inference.hf_engine.HFEngine.__init__ = refuse("HFEngine")
-    if "training.engine_builder" in sys.modules:
-        sys.modules["training.engine_builder"].build_engines = refuse("build_engines")
+    if "training.engine.engine_builder" in sys.modules:
+        sys.modules["training.engine.engine_builder"].build_engines = refuse("build_engines")
 
 
 def _drive(cases_path: str, out_path: str) -> None:
@@ -314,7 +314,7 @@ def _drive(cases_path: str, out_path: str) -> None:
         built: list = []
         before = set(sys.modules)
         if case["name"].startswith("train_resume"):
-            import training.engine_builder  # noqa: F401 - imported by the trainer anyway; patched before it runs
+            import training.engine.engine_builder  # noqa: F401 - imported by the trainer anyway; patched before it runs
         _sentinels(built)
         out, err, rc, t = io.StringIO(), io.StringIO(), None, time.time()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

@@ -76,8 +76,8 @@ def test_the_scanner_finds_direct_calls(src, n):
 
 def test_the_scan_covers_the_training_code():
     names = {p.relative_to(REPO).as_posix() for p in _sources()}
-    assert {"train.py", "training/trainer.py", "training/packing.py", "training/advantages.py",
-            "training/checkpoint.py", "inference/engines.py"} <= names
+    assert {"train.py", "training/loop/trainer.py", "training/algorithm/packing.py", "training/algorithm/advantages.py",
+            "training/engine/checkpoint.py", "inference/engines.py"} <= names
     assert not any(n.startswith("tests/") for n in names)
 
 

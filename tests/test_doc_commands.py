@@ -111,7 +111,7 @@ def expand(word: str, env: dict, missing: set) -> str:
 def standin_run(root: Path, index: str, retriever_url: str, hf: Path | None = None, **rollout) -> Path:
     """A finished train.py run folder: its config.json (a retriever at `retriever_url`, the index `index`),
     checkpoints/step_000001/hf (the model `hf`, else an HF config only) and checkpoints/latest."""
-    from training.config import Config
+    from training.settings.config import Config
 
     cfg = Config()
     cfg.model.dtype, cfg.search.index, cfg.search.retriever_url = "fp32", index, retriever_url

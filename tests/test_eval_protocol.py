@@ -1,8 +1,8 @@
 """eval.py follows the run: the rollout protocol of a checkpoint's run (its config.json) unless a flag says
 otherwise, with the source of every setting reported; train.py's flag spellings; --help shows defaults.
 
-The fast tests parse command lines against a run folder laid out like training/checkpoint.py's (config.json
-from training.config.Config); the slow one trains a real run with train.py and evaluates its checkpoint."""
+The fast tests parse command lines against a run folder laid out like training/engine/checkpoint.py's (config.json
+from training.settings.config.Config); the slow one trains a real run with train.py and evaluates its checkpoint."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ RUN_PROTOCOL = {"dtype": "bfloat16", "template": "r_search", "max_turns": 2, "ma
 
 def make_run(root: Path, edit=None, steps=(3, 6), latest: int | None = 6) -> Path:
     """A run folder: config.json as train.py writes it, checkpoints/step_N/hf (an HF config only), latest."""
-    from training.config import Config
+    from training.settings.config import Config
 
     cfg = Config()
     cfg.model.dtype, cfg.model.template, cfg.search.topk = "bf16", "r_search", 2
@@ -209,7 +209,7 @@ def test_help_shows_defaults(capsys):
 
 
 def test_docs_show_the_checkpoint_layout():
-    """training/checkpoint.py writes <run>/checkpoints/step_N/hf; no doc may show the old runs/x/hf/step_N."""
+    """training/engine/checkpoint.py writes <run>/checkpoints/step_N/hf; no doc may show the old runs/x/hf/step_N."""
     readme = (REPO / "README.md").read_text()
     section = readme[readme.index("## Evaluation"):]
     section = section[: section.index("\n## ", 3)]

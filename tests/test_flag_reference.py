@@ -51,12 +51,12 @@ def test_flag_reference_is_current():
 
 
 def test_every_declared_flag_is_in_its_groups_table():
-    from training.config import GROUPS
-    from training.sft import SFT_GROUPS
+    from training.settings.config import GROUPS
+    from training.loop.sft import SFT_GROUPS
 
     secs = sections(DOC.read_text(encoding="utf-8"))
     missing = []
-    for entry, groups in (("train.py", GROUPS), ("training/sft.py", SFT_GROUPS)):
+    for entry, groups in (("train.py", GROUPS), ("training/loop/sft.py", SFT_GROUPS)):
         for gname, cls in groups.items():
             table = secs.get((entry, gname), "")
             missing += [f"{entry} {gname}: --{f.name}" for f in fields(cls) if f"| `--{f.name}`" not in table]

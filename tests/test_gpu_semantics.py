@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.packing import FLASH_IMPLS, block_causal_mask, model_inputs, pack_micro_batches
+from training.algorithm.packing import FLASH_IMPLS, block_causal_mask, model_inputs, pack_micro_batches
 
 VOCAB = 211
 
@@ -113,7 +113,7 @@ def test_flash_attention_2_glue_fed_model_inputs_matches_separate_runs(flash_on_
     """The packed forward + backward through transformers' flash_attention_2 dispatch (the GPU path:
     model_inputs' FLASH branch -> _flash_attention_forward -> flash_attn_varlen_func) equals the
     per-sequence SDPA path in log-probs, entropy and gradients."""
-    from training.logprobs import sequence_logprobs
+    from training.algorithm.logprobs import sequence_logprobs
 
     seqs = _sequences(1)
     mb = pack_micro_batches(seqs, 64)[0]
@@ -158,8 +158,8 @@ def test_flash_glue_check_catches_bounds_that_merge_sequences(flash_on_cpu):
 def test_attn_impl_picks_flash_on_cuda_only_when_installed(monkeypatch):
     """engine_builder._attn_impl on a CUDA machine: flash_attention_2 with flash_attn importable, sdpa
     without; an explicit choice passes through. Whatever it picks, model_inputs has a branch for it."""
-    from training.config import Config
-    from training.engine_builder import _attn_impl
+    from training.settings.config import Config
+    from training.engine.engine_builder import _attn_impl
 
     cfg = Config()
     assert cfg.model.attn_implementation == "auto"
@@ -185,8 +185,8 @@ def test_offload_configs_pin_host_memory_on_cuda_only(monkeypatch):
     and not without; DeepSpeed's ZeRO config parser accepts both."""
     from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
 
-    from training.config import Config
-    from training.engine_builder import build_ds_config
+    from training.settings.config import Config
+    from training.engine.engine_builder import build_ds_config
 
     cfg = Config()
     cfg.deepspeed.zero_stage, cfg.deepspeed.offload_param, cfg.deepspeed.offload_optimizer = 3, True, True
@@ -291,7 +291,7 @@ def test_cuda_packed_logprobs_take_varlen_sdpa_and_triton_and_match_unpacked(dty
     """The CUDA path of sequence_logprobs without flash-attn: per-sequence SDPA for the packed row and,
     since the hidden states are on CUDA, the compiled Triton head (use_triton_kernel), forward and backward,
     against a plain per-sequence forward with a full log_softmax."""
-    from training.logprobs import use_triton_kernel, sequence_logprobs
+    from training.algorithm.logprobs import use_triton_kernel, sequence_logprobs
 
     seqs = _sequences(3, (9, 33, 4, 20))
     mb = pack_micro_batches(seqs, 128)[0].to("cuda")

@@ -16,7 +16,7 @@ under `if TYPE_CHECKING:`, absolute or relative, `import a.b` or `from a import 
 submodule a.b when there is one, else to a). On that graph:
   * no cycle: a module that needs its importer's names at call time hides a layering it should show;
   * no private name (one leading underscore) of another project module, imported or reached through a
-    module alias (`from training import loss; loss._x`): what is shared is public;
+    module alias (`from training.algorithm import loss; loss._x`): what is shared is public;
   * retrieval/ imports nothing from inference/ or training/: the index and its server know no generation;
   * a project module is imported at the top of its importer, not inside a function, unless importing it
     loads a heavy library (torch, vLLM, DeepSpeed, FAISS, transformers, ...: `HEAVY_LIBS`), which stays
@@ -71,7 +71,7 @@ def entry_imports(source: str, entries: set[str]) -> list[tuple[int, str]]:
 
 
 def test_the_finder_sees_every_form():
-    src = ("import os\nimport eval\nimport training.trainer\nfrom train import main\n"
+    src = ("import os\nimport eval\nimport training.loop.trainer\nfrom train import main\n"
            "def f():\n    from eval import evaluate\n    import importlib, runpy\n"
            "    importlib.import_module('eval')\n    __import__('train')\n    runpy.run_path('eval.py')\n"
            "    from . import eval_helpers\n    import evaluation\n")
@@ -295,7 +295,7 @@ def project_arrows() -> tuple[list[str], list[Arrow]]:
 
 def test_no_import_cycle():
     files, arrows = project_arrows()
-    assert {"train", "training.trainer", "retrieval.server", "bench.learning_proof"} <= {a.src for a in arrows}
+    assert {"train", "training.loop.trainer", "retrieval.server", "bench.learning_proof"} <= {a.src for a in arrows}
     seen = {a.dst for a in arrows} | {a.src for a in arrows}
     assert {"bench.report", "scripts.gpu_check", "dataprep.protocol"} <= seen   # every folder is read
     found = cycles(arrows)
@@ -319,8 +319,8 @@ def test_retrieval_knows_no_generation_or_training():
 def test_project_modules_are_imported_at_the_top():
     files, arrows = project_arrows()
     # live: train.py imports the trainer (torch) inside main(), which is allowed because the trainer is heavy
-    assert ("train.py", "training.trainer") in {(a.path, a.dst) for a in arrows if a.in_function}
-    assert "training.trainer" in heavy_modules(ROOT, arrows, files)
+    assert ("train.py", "training.loop.trainer") in {(a.path, a.dst) for a in arrows if a.in_function}
+    assert "training.loop.trainer" in heavy_modules(ROOT, arrows, files)
     bad = [f"{a.path}:{a.line}: {a.dst}" for a in lazy_light_imports(ROOT, arrows, files)]
     assert not bad, ("project modules imported inside a function though importing them loads no heavy library "
                      "(HEAVY_LIBS); import them at the top:\n  " + "\n  ".join(bad))
@@ -373,3 +373,48 @@ def test_the_checker_passes_the_same_package_without_the_planted_arrows(tmp_path
     arrows = scan(root)
     assert ("pkg.a", "pkg.b") in {(a.src, a.dst) for a in arrows}
     assert cycles(arrows) == [] and not [a for a in arrows if a.private]
+
+
+# ----------------------------------------------------------------------------- training/'s rooms (issue 43)
+
+def upward_room_arrows(arrows: list[Arrow], package: str, rooms: tuple[str, ...]) -> list[Arrow]:
+    """Arrows from one room of `package` to a room later in `rooms` (lowest first), and modules of `package`
+    that sit in no room (a module dropped at the package's top, outside every room, is refused too)."""
+    order = {r: i for i, r in enumerate(rooms)}
+
+    def room(mod: str) -> str | None:
+        parts = mod.split(".")
+        return parts[1] if len(parts) > 1 and parts[0] == package else None
+
+    bad = []
+    for a in arrows:
+        src, dst = room(a.src), room(a.dst)
+        if src is None or dst is None:
+            continue
+        if src not in order or dst not in order or order[dst] > order[src]:
+            bad.append(a)
+    return bad
+
+
+def test_no_room_of_training_imports_a_room_above_it():
+    from training import ROOMS
+    files, arrows = project_arrows()
+    rooms = {p.split("/")[1] for p in files if p.startswith("training/") and p.count("/") == 2}
+    assert rooms == set(ROOMS), f"training/ holds these rooms: {sorted(rooms)}; training.ROOMS names {ROOMS}"
+    loose = [p for p in files if p.startswith("training/") and p.count("/") == 1 and p != "training/__init__.py"]
+    assert not loose, f"modules outside every room of training/ (move each into one): {loose}"
+    for r in ROOMS:   # each room says in one line what it holds
+        doc = ast.get_docstring(ast.parse((ROOT / "training" / r / "__init__.py").read_text()))
+        assert doc and "\n" not in doc.strip(), f"training/{r}/__init__.py needs a one-line docstring"
+    bad = [f"{a.path}:{a.line}: {a.src} imports {a.dst}" for a in upward_room_arrows(arrows, "training", ROOMS)]
+    assert not bad, (f"a room of training/ imports a room above it (order, lowest first: {', '.join(ROOMS)}); "
+                     "move the shared part down:\n  " + "\n  ".join(bad))
+
+
+def test_the_room_check_sees_an_upward_import(tmp_path):
+    root = plant(tmp_path, {"pkg/__init__.py": "", "pkg/low/__init__.py": "", "pkg/high/__init__.py": "",
+                            "pkg/low/a.py": "def f():\n    from pkg.high import b\n",
+                            "pkg/high/b.py": "from pkg.low import a\n", "pkg/high/c.py": "from pkg.high import b\n",
+                            "pkg/stray.py": "from pkg.low import a\n"})
+    bad = upward_room_arrows(scan(root), "pkg", ("low", "high"))
+    assert sorted((a.src, a.dst) for a in bad) == [("pkg.low.a", "pkg.high.b"), ("pkg.stray", "pkg.low.a")]

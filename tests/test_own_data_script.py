@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from training.config import GROUPS, Config, build_parser
-from training.flags import groups_from_namespace
+from training.settings.config import GROUPS, Config, build_parser
+from training.settings.flags import groups_from_namespace
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "own_data_cpu.sh"

@@ -46,7 +46,7 @@ def _script_defaults(script: Path) -> dict[str, str]:
 @pytest.mark.parametrize("script", MODEL_SCRIPTS, ids=lambda p: p.name)
 def test_model_script_template_is_a_real_choice(script):
     """argparse exits 2 on an unknown --template (the base-model scripts once said 'rsearch')."""
-    from training.config import ModelArgs
+    from training.settings.config import ModelArgs
     choices = ModelArgs.__dataclass_fields__["template"].metadata["choices"]
     assert _script_defaults(script)["TEMPLATE"] in choices
 
@@ -62,7 +62,7 @@ def test_models_with_a_chat_template_use_it(script):
 # ----------------------------------------------------------------------------- --model_path: hub ids
 
 def _validate_model_path(path: str, monkeypatch, offline: str | None):
-    from training.config import Config, ConfigError, validate_args
+    from training.settings.config import Config, ConfigError, validate_args
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(k, raising=False)
     if offline is not None:
@@ -92,9 +92,9 @@ def test_hub_id_is_refused_offline_with_the_fix(monkeypatch, offline):
 
 @pytest.mark.parametrize("offline", [None, "1"])
 def test_sft_takes_the_same_model_path_rule(monkeypatch, offline, tmp_path):
-    """training/sft.py once refused every hub id as 'does not exist'."""
-    from training.config import ConfigError
-    from training.sft import parse_sft_args
+    """training/loop/sft.py once refused every hub id as 'does not exist'."""
+    from training.settings.config import ConfigError
+    from training.loop.sft import parse_sft_args
     for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.delenv(k, raising=False)
     if offline:
@@ -124,8 +124,8 @@ def test_optimizer_offload_gets_deepspeeds_cpu_adam(monkeypatch):
     import deepspeed.ops.adam
     import torch
 
-    from training.config import Config
-    from training.engine_builder import make_optimizer
+    from training.settings.config import Config
+    from training.engine.engine_builder import make_optimizer
 
     class StubCPUAdam:
         def __init__(self, params, **kw):
@@ -179,7 +179,7 @@ def test_model_scripts_accept_the_demo_answer_pool_only_when_train_data_is_unset
     """The one demo default the scripts fall back on is --train_data: they say so with
     --allow_demo_defaults true; given TRAIN_DATA, they pass it and no such flag. Their model and
     retriever are never the demo's."""
-    from training.config import Config
+    from training.settings.config import Config
     script = REPO / "scripts" / "train_qwen2.5_7b_instruct.sh"
     demo = _script_flags(script, tmp=str(tmp_path / "a"))
     assert demo[demo.index("--train_data") + 1] == Config().selfplay.train_data
@@ -314,8 +314,8 @@ def test_every_model_script_passes_a_dry_run_through_the_launcher(tmp_path):
 def test_model_scripts_take_estimator_gae_and_its_plan_fits_8x80gb(tmp_path):
     """ESTIMATOR=gae: the solver's estimator is gae (the proposer keeps reinforce++), the critic gets its LR
     and the memory plan, which counts the critic, warns for no script (the 14B ones offload its optimizer)."""
-    from training import memory_plan as mp
-    from training.config import GROUPS, Config, build_parser, resolve_defaults
+    from training.engine import memory_plan as mp
+    from training.settings.config import GROUPS, Config, build_parser, resolve_defaults
     from dataclasses import fields
 
     for script in MODEL_SCRIPTS:

@@ -2,11 +2,11 @@
 
 Issue 34, point 2: a setting was declared up to four times (the flags, GameConfig, RolloutConfig, eval.py)
 with different names and defaults. eval.py now builds its rollout flags from train.py's dataclass fields
-(training.config.add_field_flags); this test fails when any default drifts again.
+(training.settings.config.add_field_flags); this test fails when any default drifts again.
 
 One name per setting too: the game's fields carry their flags' names (proposer_n, solver_n, use_pool,
 format_penalty, rag_verify were once proposer_samples, solver_samples, pool_fill, invalid_penalty, rag_verifier).
-The mapping is read from training/setup.py's GameConfig(...)/RolloutConfig(...) calls (ast), so it has no
+The mapping is read from training/engine/setup.py's GameConfig(...)/RolloutConfig(...) calls (ast), so it has no
 second copy here; a field fed from a flag of another name is refused unless RENAMES_KEPT says why.
 """
 
@@ -46,7 +46,7 @@ def _options(parser) -> dict:
 
 def _parsers():
     import eval as eval_cli
-    from training.config import build_parser
+    from training.settings.config import build_parser
 
     return _options(build_parser()), _options(eval_cli.build_parser())
 
@@ -73,8 +73,8 @@ def field_flag_mismatches(train: dict) -> list[str]:
     bad = []
     for cls in (GameConfig, RolloutConfig):
         defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-        feeds = _feeds(REPO / "training/setup.py", cls.__name__)
-        assert feeds, f"no {cls.__name__}(...) call read in training/setup.py: the test lost its mapping"
+        feeds = _feeds(REPO / "training/engine/setup.py", cls.__name__)
+        assert feeds, f"no {cls.__name__}(...) call read in training/engine/setup.py: the test lost its mapping"
         for fname, flag in feeds:
             if f"--{flag}" in train and defaults.get(fname, dataclasses.MISSING) is not dataclasses.MISSING:
                 if defaults[fname] != train[f"--{flag}"].default:
@@ -91,7 +91,7 @@ def test_flags_in_both_parsers_have_one_default():
 
 
 def test_eval_rollout_flags_are_train_flags():
-    """Same help and choices too: they are declared once, in training/config.py."""
+    """Same help and choices too: they are declared once, in training/settings/config.py."""
     train, ev = _parsers()
     for o in ("--topk", "--max_turns", "--max_tokens_per_turn", "--max_total_tokens", "--max_info_tokens",
               "--max_model_len", "--kv_cache_mb", "--vllm_tp", "--rollout_engine"):
@@ -101,7 +101,7 @@ def test_eval_rollout_flags_are_train_flags():
 
 def test_runtime_dataclass_defaults_equal_the_flags_that_feed_them():
     train, _ = _parsers()
-    fed = {f for cls in ("GameConfig", "RolloutConfig") for f, _ in _feeds(REPO / "training/setup.py", cls)}
+    fed = {f for cls in ("GameConfig", "RolloutConfig") for f, _ in _feeds(REPO / "training/engine/setup.py", cls)}
     # the renames are covered, read from the trainer's calls
     assert {"proposer_n", "use_pool", "format_penalty", "rag_verify", "max_turns"} <= fed
     assert not field_flag_mismatches(train)
@@ -115,7 +115,7 @@ RENAMES_KEPT = {
 
 def test_each_runtime_field_has_its_flags_name():
     renamed = [f"{cls}.{f} <- --{flag}" for cls in ("GameConfig", "RolloutConfig")
-               for f, flag in _feeds(REPO / "training/setup.py", cls) if f != flag and f not in RENAMES_KEPT]
+               for f, flag in _feeds(REPO / "training/engine/setup.py", cls) if f != flag and f not in RENAMES_KEPT]
     assert not renamed, f"a setting with two names (name the field as its flag, or say why in RENAMES_KEPT): {renamed}"
 
 

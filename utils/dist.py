@@ -71,7 +71,7 @@ def keep_unused_imports_out() -> None:
 
 
 def prepare_launch_env() -> None:
-    """What an entry point (train.py, training/sft.py) sets before torch / DeepSpeed are imported:
+    """What an entry point (train.py, training/loop/sft.py) sets before torch / DeepSpeed are imported:
     DeepSpeed's CPU accelerator where there is no GPU, quiet tokenizers, no warning line per
     ZeRO-3 gather / reduce-scatter (DeepSpeed 0.19 calls deprecated torch collectives there), and
     no mlflow import inside DeepSpeed's nor sklearn inside transformers' (keep_unused_imports_out)."""

@@ -11,7 +11,7 @@ per-rank shares of a loss normalised by the global token count. The declaration 
 makes the metric, so a new count is declared where it is born rather than in a list in the trainer;
 `reduce_over_ranks` reads it. Pure Python apart from utils.dist's collectives.
 
-Replicas: at --vllm_tp N the N ranks of a TP group play the same games (training/trainer.py), so a count summed
+Replicas: at --vllm_tp N the N ranks of a TP group play the same games (training/loop/trainer.py), so a count summed
 over ranks would count each game N times. The trainer calls set_replicas(N) and a summed count is then divided by
 N. A share (declared with shares=True: a rank's part of a quantity normalised by a global count, e.g. a loss) is
 not: the global count held the copies too, so the copies' shares already add up to the quantity once.

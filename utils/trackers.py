@@ -75,7 +75,7 @@ def public_config(config: dict) -> dict:
 
 
 def flat(d: dict, prefix: str = "") -> dict:
-    """A nested dict as {"group.field": value} (tracker params here; config_diff in training/run_state.py)."""
+    """A nested dict as {"group.field": value} (tracker params here; config_diff in training/engine/run_state.py)."""
     out = {}
     for k, v in d.items():
         if isinstance(v, dict):

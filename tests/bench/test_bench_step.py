@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 import bench.bench_step as bench_step  # noqa: E402
-from training.config import GROUPS, Config, build_parser, needs_critic, validate_args  # noqa: E402
+from training.settings.config import GROUPS, Config, build_parser, needs_critic, validate_args  # noqa: E402
 
 # per step: sync, generate, logprobs, critic, update, step (first step = warm-up, dropped)
 STEPS = [(9, 90, 9, 9, 9, 200), (1, 10, 2, 4, 3, 21), (1, 12, 2, 6, 3, 25)]

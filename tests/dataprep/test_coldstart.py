@@ -22,7 +22,7 @@ from dataprep.clues import article_clues, compose_question, desc_phrase, sentenc
 from dataprep.coldstart import build_demos, summary_lines, wiki_candidates
 from dataprep.demos import find_answer_doc, validate_demo
 from dataprep.leak_check import LeakError, check_no_leak, load_eval_files
-from training.config import RolloutArgs, SelfPlayArgs
+from training.settings.config import RolloutArgs, SelfPlayArgs
 from utils.text import normalize_answer
 
 REPO = Path(__file__).resolve().parents[2]

@@ -130,7 +130,7 @@ def attributes_used(path: str, receivers: set[str]) -> set[str]:
 
 
 CALLERS = [  # (file, receivers bound to an engine there, the protocol they are typed with)
-    ("training/hybrid.py", {"self.llm"}, RolloutEngine),
+    ("training/engine/hybrid.py", {"self.llm"}, RolloutEngine),
     ("inference/rollout.py", {"engine"}, SteppedGenerator),
     ("inference/step_loop.py", {"engine", "self.engine"}, SteppedGenerator),
     ("inference/pipeline.py", {"engine", "self.engine"}, TokenGenerator),
@@ -151,7 +151,7 @@ def test_callers_use_only_what_the_protocol_declares(path, receivers, proto):
 
 def test_the_hybrid_engine_uses_the_whole_sync_and_memory_protocol():
     methods, _ = protocol_members(RolloutEngine)
-    assert attributes_used("training/hybrid.py", {"self.llm"}) == methods - {"generate", "update_weights"}
+    assert attributes_used("training/engine/hybrid.py", {"self.llm"}) == methods - {"generate", "update_weights"}
 
 
 def test_only_the_engine_modules_import_vllm():

@@ -349,7 +349,7 @@ def test_api_key_from_the_environment_is_a_bearer_token_and_never_shown(recorder
 
 
 def test_api_key_never_reaches_the_run_config(monkeypatch, tmp_path):
-    from training.config import parse_config
+    from training.settings.config import parse_config
 
     secret = "sk-test-should-not-be-saved"
     monkeypatch.setenv("OPENAI_API_KEY", secret)

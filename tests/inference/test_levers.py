@@ -289,8 +289,8 @@ def test_article_rows_skip_untitled_documents_and_refuse_a_corpus_without_titles
 
 
 def test_training_rows_draw_articles_from_the_index(bm25_dir, tmp_path):
-    from training.config import Config
-    from training.setup import training_rows
+    from training.settings.config import Config
+    from training.engine.setup import training_rows
 
     cfg = Config()
     cfg.search.index, cfg.selfplay.proposer_seed, cfg.optimisation.seed = str(bm25_dir), "articles", 3

@@ -11,7 +11,7 @@ from inference.game import GameConfig, play_round
 from inference.judge import Judge
 from inference.rollout import RolloutConfig
 from tests.inference.test_pipeline import ScriptedPolicy, tokenizer  # noqa: F401 - the fixture
-from training.search import TimedSearch
+from training.loop.search import TimedSearch
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -16,7 +16,7 @@ from inference.rollout import RolloutConfig, needs_barrier
 from inference.simulated_search import SimulatedSearch
 from tests.inference.test_pipeline import ScriptedPolicy, _same_round, tokenizer  # noqa: F401 - the fixture
 from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
-from training.search import TimedSearch
+from training.loop.search import TimedSearch
 from tests.json_server import JSONHandler
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,7 +8,7 @@ OUT.json holds one sub-dict per phase run, in this order ({"sgd": {...}, "bypass
 test_critic_update.py launches twice: 1 rank with --phases=sgd,control, 2 ranks with --phases=sgd,nan,bypass.
 
 sgd (the default): the solver uses gae, the proposer reinforce++ (per-role estimators mix). The
-  trainer's path (training.critic.step_values -> training.advantages.role_advantages -> ppo_update for
+  trainer's path (training.algorithm.critic.step_values -> training.algorithm.advantages.role_advantages -> ppo_update for
   the actor, train_step_critic for the critic; plain SGD in both) against a reference that runs each
   unpacked sequence through eager attention, GAE as a plain loop over sampled tokens, the whitening, the
   clipped surrogate and the value loss by their formulas: each of actor and critic must move by -lr * g.
@@ -41,7 +41,7 @@ prepare_launch_env()
 import torch  # noqa: E402
 
 from inference.trajectory import Trajectory  # noqa: E402
-from training.config import AlgoArgs, Config  # noqa: E402
+from training.settings.config import AlgoArgs, Config  # noqa: E402
 from utils import dist as D  # noqa: E402
 
 CLIP_LOW, CLIP_HIGH, LR, LR_C, GAMMA, LAM = 0.2, 0.28, 0.05, 0.02, 0.95, 0.9
@@ -119,10 +119,10 @@ def sgd_phase(cfg, model_dir, rank, world, bypass) -> dict:
     from transformers import AutoModelForCausalLM
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    import training.critic as CR
-    from training.advantages import role_advantages
-    from training.engine_builder import _load_model, build_critic, build_ds_config
-    from training.update import ppo_update
+    import training.algorithm.critic as CR
+    from training.algorithm.advantages import role_advantages
+    from training.engine.engine_builder import _load_model, build_critic, build_ds_config
+    from training.algorithm.update import ppo_update
 
     # the references first: while an HfDeepSpeedConfig is alive, from_pretrained partitions (ZeRO-3);
     # in a later call, the last call's engines and HfDeepSpeedConfigs must be gone
@@ -203,9 +203,9 @@ def nan_phase(cfg, rank, world) -> dict:
 
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    from training.advantages import role_advantages
-    from training.critic import step_values, train_step_critic
-    from training.engine_builder import build_critic
+    from training.algorithm.advantages import role_advantages
+    from training.algorithm.critic import step_values, train_step_critic
+    from training.engine.engine_builder import build_critic
 
     res: dict = {}
     for stage in (3, 2, 0):
@@ -239,8 +239,8 @@ def nan_phase(cfg, rank, world) -> dict:
 
 
 def control_phase(cfg, steps: int = 40) -> dict:
-    from training.critic import critic_update, critic_values, explained_variance
-    from training.engine_builder import build_critic
+    from training.algorithm.critic import critic_update, critic_values, explained_variance
+    from training.engine.engine_builder import build_critic
 
     critic, _keep = build_critic(cfg)
     g = torch.Generator().manual_seed(4)

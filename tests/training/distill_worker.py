@@ -1,5 +1,5 @@
-"""Run under torchrun by tests/training/test_distill_topk.py: --distill topk's wiring (training/teacher.py
-forward_topk and TopKTerm, inside training/micro_batches.py accumulate / training/update.py ppo_update) under ZeRO-3 over gloo,
+"""Run under torchrun by tests/training/test_distill_topk.py: --distill topk's wiring (training/algorithm/teacher.py
+forward_topk and TopKTerm, inside training/algorithm/micro_batches.py accumulate / training/algorithm/update.py ppo_update) under ZeRO-3 over gloo,
 against plain torch on the whole batch: full-vocabulary logits of an eager HF forward per unpacked
 sequence, log_softmax, torch.topk, and the renormalised reverse KL written out below.
 
@@ -35,7 +35,7 @@ from update_worker import full_grads, make_trajs, rel_err  # noqa: E402  (also r
 
 import torch  # noqa: E402
 
-from training.config import AlgoArgs, Config  # noqa: E402
+from training.settings.config import AlgoArgs, Config  # noqa: E402
 from utils import dist as D  # noqa: E402
 
 TEMP, BETA, BUDGET = 0.8, 1.0, 64
@@ -44,7 +44,7 @@ NO_TEACHER = (2, 5)          # solver trajectories without privileged context
 
 def teacher_seqs(trajs, vocab: int):
     """A teacher sequence per trajectory with a teacher: 10 other prompt tokens, then its response."""
-    from training.teacher import teacher_trajectory
+    from training.algorithm.teacher import teacher_trajectory
     g = torch.Generator().manual_seed(7)
     return {i: teacher_trajectory(t, torch.randint(0, vocab, (10,), generator=g).tolist())
             for i, t in enumerate(trajs) if i not in NO_TEACHER}
@@ -82,12 +82,12 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM
 
-    from training.engine_builder import _load_model, build_ds_config
-    from training.loss import count_normaliser
-    from training.packing import unpack_to_sequences
-    from training.teacher import TopKTerm, forward_topk
-    from training.micro_batches import accumulate, pack_equal
-    from training.update import ppo_update
+    from training.engine.engine_builder import _load_model, build_ds_config
+    from training.algorithm.loss import count_normaliser
+    from training.algorithm.packing import unpack_to_sequences
+    from training.algorithm.teacher import TopKTerm, forward_topk
+    from training.algorithm.micro_batches import accumulate, pack_equal
+    from training.algorithm.update import ppo_update
 
     model_dir, out_path, ks = sys.argv[1], Path(sys.argv[2]), [int(k) for k in sys.argv[3].split(",")]
     D.init_distributed()

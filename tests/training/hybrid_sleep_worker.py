@@ -34,8 +34,8 @@ def run_case(model_dir: str, case: dict, keep: list) -> dict:
 
     from inference.engine_api import SamplingConfig
     from inference.engines import VLLMEngine
-    from training.engine_builder import freeze_lower_layers
-    from training.hybrid import HybridEngine
+    from training.engine.engine_builder import freeze_lower_layers
+    from training.engine.hybrid import HybridEngine
 
     ds = {"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "steps_per_print": 10**9,
           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}, "memory_efficient_linear": False,

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from training.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
+from training.algorithm.advantages import ADVANTAGE_ESTIMATORS, compute_advantages
 
 SEEDS = range(6)
 

@@ -1,4 +1,4 @@
-"""training/checkpoint.py: nothing of a user's is overwritten without asking, checkpoints load with
+"""training/engine/checkpoint.py: nothing of a user's is overwritten without asking, checkpoints load with
 torch.load(weights_only=True), a run killed in the middle of a checkpoint write resumes from the
 previous one, and the HF export is sharded (save_pretrained's format) and round-trips through
 from_pretrained and vLLM.
@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 # ----------------------------------------------------------------------------- the run folder
 
 def _cfg(**changes) -> dict:
-    from training.config import Config
+    from training.settings.config import Config
 
     d = Config().to_dict()
     for key, value in changes.items():
@@ -47,8 +47,8 @@ def _mark(path: Path, run: str | None, files=("x",)) -> Path:
 
 
 def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
-    from training import run_folder as RF
-    from training.config import ConfigError
+    from training.engine import run_folder as RF
+    from training.settings.config import ConfigError
 
     out = tmp_path / "run"
     rid = RF.claim_output_dir(out, _cfg())
@@ -95,7 +95,7 @@ def test_output_dir_of_another_run_is_refused_unless_overwrite(tmp_path):
 
 
 def test_config_diff_fields_missing_from_an_old_config_count_as_defaults():
-    from training import run_state as RS
+    from training.engine import run_state as RS
 
     old = _cfg()
     del old["checkpointing"]["overwrite"], old["algorithm"]["ppo_epochs"]
@@ -111,7 +111,7 @@ def test_config_diff_fields_missing_from_an_old_config_count_as_defaults():
 @pytest.mark.timeout(300)
 def test_train_py_refuses_an_output_dir_of_another_run(workdir, tiny_model_dir):  # noqa: F811
     """The real entry point (a world of one): the refusal comes before any model is built."""
-    from training.config import parse_config
+    from training.settings.config import parse_config
 
     out = workdir / "run_refused"
     args = _args(workdir, tiny_model_dir, out)[1:] + ["--total_steps", "0"]
@@ -126,7 +126,7 @@ def test_train_py_refuses_an_output_dir_of_another_run(workdir, tiny_model_dir):
 
 
 def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
-    from training import checkpoint as C
+    from training.engine import checkpoint as C
 
     root = tmp_path / "checkpoints"
     root.mkdir()
@@ -142,7 +142,7 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 
 
 def test_a_half_written_checkpoint_of_this_run_is_replaced_and_another_runs_moved_aside(tmp_path):
-    from training import checkpoint as C
+    from training.engine import checkpoint as C
 
     root = tmp_path / "checkpoints"
     half = _mark(root / "step_000003", "ours", files=("trainer_rank0.pt",))
@@ -156,7 +156,7 @@ def test_a_half_written_checkpoint_of_this_run_is_replaced_and_another_runs_move
 # ----------------------------------------------------------------------------- weights_only
 
 def test_client_state_loads_with_weights_only_and_restores_every_rng(tmp_path):
-    from training import checkpoint as C
+    from training.engine import checkpoint as C
 
     random.seed(1)
     np.random.seed(2)
@@ -186,7 +186,7 @@ def test_client_state_loads_with_weights_only_and_restores_every_rng(tmp_path):
 def test_plain_state_converts_numpy_and_refuses_objects():
     from collections import deque
 
-    from training import checkpoint as C
+    from training.engine import checkpoint as C
 
     s = C.plain_state({"a": np.float32(0.5), "b": np.arange(3), "c": deque([np.int64(2)]), "t": (1, None)})
     assert s == {"a": 0.5, "b": [0, 1, 2], "c": [2], "t": (1, None)} and type(s["a"]) is float
@@ -196,7 +196,7 @@ def test_plain_state_converts_numpy_and_refuses_objects():
 
 def test_a_legacy_client_state_is_refused_unless_trusted(tmp_path, monkeypatch):
     """Files from before this change hold numpy's RNG tuple: not loaded silently, loadable on request."""
-    from training import checkpoint as C
+    from training.engine import checkpoint as C
 
     np.random.seed(4)
     legacy = {"step": 1, "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}}
@@ -215,7 +215,7 @@ def test_shard_writer_streams_tensors_in_any_order_into_valid_safetensors(tmp_pa
     from huggingface_hub import split_torch_state_dict_into_shards
     from safetensors.torch import load_file
 
-    from training import hf_export as H
+    from training.engine import hf_export as H
 
     g = torch.Generator().manual_seed(0)
     sd = {"a.weight": torch.randn(64, 32, generator=g), "b.weight": torch.randn(33, 7, generator=g).bfloat16(),
@@ -301,9 +301,9 @@ def export_worker(out: Path, model: Path) -> None:
     import deepspeed
     from safetensors.torch import save_file
 
-    from training import hf_export as H
-    from training.config import Config
-    from training.engine_builder import build_engines
+    from training.engine import hf_export as H
+    from training.settings.config import Config
+    from training.engine.engine_builder import build_engines
 
     cfg = Config()
     cfg.model.model_path, cfg.model.dtype, cfg.model.gradient_checkpointing = str(model), "fp32", False

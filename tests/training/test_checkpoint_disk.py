@@ -1,7 +1,7 @@
-"""training/memory_plan.py's checkpoint disk formula against the bytes a real save writes.
+"""training/engine/memory_plan.py's checkpoint disk formula against the bytes a real save writes.
 
 A torchrun worker (2 ranks over gloo, `__main__` below) builds the ZeRO-3 actor on the tiny model,
-takes one optimizer step, and saves through training.checkpoint.save with the HF export and a full
+takes one optimizer step, and saves through training.engine.checkpoint.save with the HF export and a full
 question pool; the test sorts the files of the checkpoint into the formula's terms:
 
     ZeRO-3 optimizer   *_optim_states.pt                12 B x trainable params (fp32 master + Adam m, v)
@@ -42,9 +42,9 @@ def worker(out: Path, model: Path, settings: list[tuple[str, int]], pool_rows: i
     D.init_distributed()
     import torch
 
-    from training import checkpoint as C
-    from training.config import Config
-    from training.engine_builder import build_engines
+    from training.engine import checkpoint as C
+    from training.settings.config import Config
+    from training.engine.engine_builder import build_engines
 
     alive = []  # a collected engine tears down process groups DeepSpeed still caches (test_modes.py does the same)
     for dtype, top in settings:
@@ -93,8 +93,8 @@ def _bytes(files) -> int:
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("dtype, top", SETTINGS)
 def test_disk_formula_matches_a_real_save(saves, tiny_model_dir, dtype, top):
-    from training import memory_plan as mp
-    from training.config import Config
+    from training.engine import memory_plan as mp
+    from training.settings.config import Config
 
     world, pool_rows = 2, POOL_ROWS
     step = saves / f"run_{dtype}_{top}" / "checkpoints" / "step_000001"
@@ -131,8 +131,8 @@ def test_disk_formula_matches_a_real_save(saves, tiny_model_dir, dtype, top):
 
 
 def test_kept_saves_follow_save_every_and_max_ckpts():
-    from training import memory_plan as mp
-    from training.config import Config
+    from training.engine import memory_plan as mp
+    from training.settings.config import Config
 
     cfg = Config()
     cfg.model.model_path = "Qwen/Qwen2.5-7B-Instruct"
@@ -145,7 +145,7 @@ def test_kept_saves_follow_save_every_and_max_ckpts():
     assert mp.checkpoint_disk(cfg, 8)["saves_in_run"] == 3
     ck.save_every = 0                                  # only at the end
     assert mp.checkpoint_disk(cfg, 8)["saves_in_run"] == 1
-    ck.save_every, ck.max_ckpts = 10, 0                # 0 keeps every one (training.checkpoint._rotate)
+    ck.save_every, ck.max_ckpts = 10, 0                # 0 keeps every one (training.engine.checkpoint._rotate)
     d = mp.checkpoint_disk(cfg, 8)
     assert d["kept"] == d["saves_in_run"] == 3 and d["during_save"] == 3
     # Qwen2.5-7B at bf16, all trained: 12 B + 2 B (export) per parameter, the small terms aside

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training.config import Config, ConfigError, build_parser, parse_config, validate_args
+from training.settings.config import Config, ConfigError, build_parser, parse_config, validate_args
 
 
 def _ok_paths(tmp_path) -> list[str]:
@@ -85,7 +85,7 @@ def test_bad_combinations_are_refused_with_a_reason(tmp_path, extra, needle):
 
 
 def test_gae_is_accepted_with_a_critic_per_role(tmp_path):
-    from training.config import needs_critic, needs_reference
+    from training.settings.config import needs_critic, needs_reference
 
     assert not needs_critic(parse_config(_ok_paths(tmp_path)))
     cfg = parse_config(_ok_paths(tmp_path) + ["--solver_estimator", "gae", "--proposer_estimator", "reinforce++",
@@ -96,7 +96,7 @@ def test_gae_is_accepted_with_a_critic_per_role(tmp_path):
 
 
 def test_the_reference_is_built_for_kl_or_as_the_teacher(tmp_path):
-    from training.config import needs_reference
+    from training.settings.config import needs_reference
 
     assert not needs_reference(parse_config(_ok_paths(tmp_path)))
     assert needs_reference(parse_config(_ok_paths(tmp_path) + ["--kl_coef", "0.01"]))
@@ -113,7 +113,7 @@ def test_distill_topk_is_accepted_with_its_k(tmp_path):
 
 
 def test_distill_contrast_is_accepted_with_self_play(tmp_path):
-    from training.config import needs_reference
+    from training.settings.config import needs_reference
 
     cfg = parse_config(_ok_paths(tmp_path) + ["--distill", "contrast", "--distill_coef", "0.2", "--distill_schedule",
                                               "cosine", "--distill_hint", "true"])
@@ -152,7 +152,7 @@ def test_world_size_checks(tmp_path):
 def test_prompts_per_step_auto_is_4_per_data_parallel_group(tmp_path, world, tp, want):
     """The default (0 = auto) runs at every world size; the value written to config.json is the
     resolved one. An explicit value is kept as it is."""
-    from training.config import resolve_defaults
+    from training.settings.config import resolve_defaults
     cfg = parse_config(_ok_paths(tmp_path) + ["--vllm_tp", str(tp)])
     assert cfg.selfplay.prompts_per_step == 0          # unknown world at parse time: still auto
     resolve_defaults(cfg, world_size=world)
@@ -166,7 +166,7 @@ def test_the_readme_gpu_command_passes_at_8_ranks(tmp_path):
     """README: `deepspeed --hostfile hostfile train.py --model_path ... --retriever_url ... --output_dir ...`
     (and `torchrun --nproc_per_node 8`) once failed at world size 8 on the default --prompts_per_step 4.
     With its own answer pool it passes on CUDA at world 8 and 16 (two nodes)."""
-    from training.config import resolve_defaults
+    from training.settings.config import resolve_defaults
     model, rows = tmp_path / "Qwen2.5-7B-Instruct", tmp_path / "rows.jsonl"
     model.mkdir(exist_ok=True)
     rows.write_text('{"answer": "Paris", "search_turns": 2}\n')
@@ -217,7 +217,7 @@ def test_demo_defaults_are_refused_on_cuda_or_across_nodes(where):
 
 
 def test_demo_defaults_pass_on_cpu_on_one_node_and_on_purpose():
-    from training.launch_env import demo_default_errors
+    from training.settings.launch_env import demo_default_errors
     assert demo_default_errors(_demo_cfg(), cuda=False, multi_node=False) == []
     assert demo_default_errors(_demo_cfg("--allow_demo_defaults", "true"), cuda=True, multi_node=True) == []
     assert "CPU demo's defaults" not in _demo_errors(_demo_cfg("--allow_demo_defaults", "true"), world_size=8,
@@ -225,7 +225,7 @@ def test_demo_defaults_pass_on_cpu_on_one_node_and_on_purpose():
 
 
 def test_only_the_demo_defaults_in_use_are_named():
-    from training.launch_env import demo_defaults_in_use
+    from training.settings.launch_env import demo_defaults_in_use
     names = lambda cfg: [x.split()[0] for x in demo_defaults_in_use(cfg)]  # noqa: E731
     assert names(_demo_cfg()) == ["--model_path", "--index", "--train_data"]
     assert names(_demo_cfg("--retriever_url", "http://h:8000")) == ["--model_path", "--train_data"]
@@ -237,7 +237,7 @@ def test_only_the_demo_defaults_in_use_are_named():
 
 
 def test_node_count_reads_the_launchers_environment():
-    from training.launch_env import node_count
+    from training.settings.launch_env import node_count
     assert node_count({}) == 1
     assert node_count({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == 1          # torchrun, one node
     assert node_count({"WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}) == 2
@@ -248,7 +248,7 @@ def test_node_count_reads_the_launchers_environment():
 # ----------------------------------------------------------------------------- flag names and help
 
 def test_ppo_mini_batches_is_a_count_and_a_verl_size_is_refused(tmp_path):
-    from training.config import AlgoArgs
+    from training.settings.config import AlgoArgs
     help_ = AlgoArgs.__dataclass_fields__["ppo_mini_batches"].metadata["help"]
     assert "COUNT, not a size" in help_ and "ppo_mini_batch_size" in help_ and "256 / 64 -> 4" in help_
     cfg = parse_config(_ok_paths(tmp_path) + ["--prompts_per_step", "256", "--ppo_mini_batches", "4"])
@@ -261,7 +261,7 @@ def test_ppo_mini_batches_is_a_count_and_a_verl_size_is_refused(tmp_path):
 
 
 def test_role_flags_say_they_train_the_role_and_keep_both_spellings(tmp_path):
-    from training.config import SelfPlayArgs
+    from training.settings.config import SelfPlayArgs
     for role in ("proposer", "solver"):
         assert SelfPlayArgs.__dataclass_fields__[f"{role}_enable"].metadata["help"].startswith(f"train the {role} role")
         for flag in (f"--{role}_enable", f"--train_{role}"):
@@ -372,7 +372,7 @@ def test_lr_follows_the_schedule_once_per_step_whatever_the_optimizer_steps():
     import math
     from types import SimpleNamespace
 
-    from training.lr_schedule import set_lr
+    from training.algorithm.lr_schedule import set_lr
     cfg = Config()
     o = cfg.optimisation
     o.lr, o.warmup_steps, o.total_steps, o.lr_schedule = 1e-3, 2, 10, "cosine"
@@ -388,7 +388,7 @@ def test_auto_prompts_per_step_keeps_a_resumed_runs_value(tmp_path):
     can play it (a resume on other GPUs), so the run is not refused as a changed batch size."""
     import json
 
-    from training.setup import keep_recorded_prompts_per_step
+    from training.engine.setup import keep_recorded_prompts_per_step
     cfg = Config()
     cfg.logging.output_dir = str(tmp_path)
     assert keep_recorded_prompts_per_step(cfg) is False            # no config.json yet

@@ -1,4 +1,4 @@
-"""--distill contrast (training/contrast.py, issue 32) against an independent reference.
+"""--distill contrast (training/algorithm/contrast.py, issue 32) against an independent reference.
 
 The teacher's log-probs under the right and the wrong privileged block come from the trainer's packed
 forward (pack_equal + engine_logprobs, several teacher sequences per packed row, as Trainer.forward_logprobs
@@ -15,10 +15,10 @@ import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
 from inference.trajectory import GameMeta, Trajectory
-from training.config import Config
-from training.contrast import apply_contrast, contrast_logprobs, wrong_paths
-from training.self_distill import dense_term
-from training.teacher import finish_metrics
+from training.settings.config import Config
+from training.algorithm.contrast import apply_contrast, contrast_logprobs, wrong_paths
+from training.algorithm.self_distill import dense_term
+from training.algorithm.teacher import finish_metrics
 
 MAX_CTX = 256
 
@@ -86,8 +86,8 @@ class _Engine:
 
 def packed_forward(model, budget=1024):
     """Trainer.forward_logprobs on a plain model: pack, one sequence_logprobs per micro-batch, unpack."""
-    from training.packing import unpack_to_sequences
-    from training.micro_batches import engine_logprobs, pack_equal
+    from training.algorithm.packing import unpack_to_sequences
+    from training.algorithm.micro_batches import engine_logprobs, pack_equal
 
     def fwd(seqs):
         fwd.calls.append(len(seqs))
@@ -330,7 +330,7 @@ def test_the_trainers_distill_step_runs_contrast(tok, models):
     from types import SimpleNamespace
 
     from inference.game import QuestionPool
-    from training.trainer import SSPTrainer
+    from training.loop.trainer import SSPTrainer
 
     packed, _ = models
     trajs = step_trajs(tok)

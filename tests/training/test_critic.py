@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from training.advantages import gae
-from training.critic import explained_variance, token_rewards, value_loss
+from training.algorithm.advantages import gae
+from training.algorithm.critic import explained_variance, token_rewards, value_loss
 
 
 def _random_batch(seed: int, n: int = 5, t: int = 40):
@@ -163,8 +163,8 @@ def _trajs(seed: int):
 def test_role_advantages_mix_estimators_and_put_the_kl_in_gae_rewards(kl_coef):
     """Proposer gae, solver grpo: only the gae role reads values (the other gets None) and returns; with
     --kl_in_reward its token rewards are -coef * (old - ref) plus the outcome on the last sampled token."""
-    from training.advantages import compute_advantages, role_advantages
-    from training.config import AlgoArgs, CriticArgs
+    from training.algorithm.advantages import compute_advantages, role_advantages
+    from training.settings.config import AlgoArgs, CriticArgs
 
     trajs = _trajs(1)
     g = torch.Generator().manual_seed(2)

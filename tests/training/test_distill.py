@@ -1,4 +1,4 @@
-"""Dense self-distillation (training/distill.py) against plain-torch formulas written out independently."""
+"""Dense self-distillation (training/algorithm/distill.py) against plain-torch formulas written out independently."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from training.distill import (beta_at, contrast_token_advantage, distill_kl_loss, logp_gap_metrics,
+from training.algorithm.distill import (beta_at, contrast_token_advantage, distill_kl_loss, logp_gap_metrics,
                               sampled_token_advantage, teacher_topk, topk_reverse_kl)
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")

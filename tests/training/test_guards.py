@@ -1,4 +1,4 @@
-"""training/guards.py: the failure-share and non-finite guards, against a plain-loop reference."""
+"""training/engine/guards.py: the failure-share and non-finite guards, against a plain-loop reference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from training.guards import FailureGuard, NonFiniteGuard
+from training.engine.guards import FailureGuard, NonFiniteGuard
 
 
 def test_failure_guard_stops_past_the_threshold_over_the_window():

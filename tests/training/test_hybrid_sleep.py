@@ -111,7 +111,7 @@ def test_skip_sync_fault_leaves_out_only_the_named_sync(monkeypatch):
     out the N-th sync_weights call and no other; the others send every weight and reset the prefix cache."""
     import torch
 
-    from training.hybrid import HybridEngine
+    from training.engine.hybrid import HybridEngine
 
     class Llm:
         def __init__(self):

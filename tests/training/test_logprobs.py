@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.logprobs import auto_chunk_size, chunked_logprobs_entropy, full_logprobs_entropy
+from training.algorithm.logprobs import auto_chunk_size, chunked_logprobs_entropy, full_logprobs_entropy
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -83,7 +83,7 @@ _TRITON_SCRIPT = textwrap.dedent("""
     os.environ["TRITON_INTERPRET"] = "1"          # before triton is imported
     sys.path.insert(0, os.environ["REPO"])
     import torch
-    from training.logprobs import chunked_logprobs_entropy
+    from training.algorithm.logprobs import chunked_logprobs_entropy
     out = {}
     for case, (n, h, v, bias, temp, ent, chunk) in enumerate(
             [(37, 32, 300, True, 0.7, True, 16), (20, 16, 130, False, 1.0, True, 64), (9, 16, 77, True, 1.2, False, 4)]):

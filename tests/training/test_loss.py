@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from training.loss import count_normaliser, kl_penalty, policy_loss, reduce_metrics
+from training.algorithm.loss import count_normaliser, kl_penalty, policy_loss, reduce_metrics
 
 AGGS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 

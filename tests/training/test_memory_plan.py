@@ -1,4 +1,4 @@
-"""training/memory_plan.py: the per-GPU memory plan that train.py --dry_run prints."""
+"""training/engine/memory_plan.py: the per-GPU memory plan that train.py --dry_run prints."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from training import memory_plan as mp
-from training.config import Config
+from training.engine import memory_plan as mp
+from training.settings.config import Config
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = mp.GiB
@@ -93,7 +93,7 @@ def test_gradient_checkpointing_and_reference_model():
 
 
 def test_logprob_head_chunk_follows_training_logprobs():
-    from training.logprobs import auto_chunk_size
+    from training.algorithm.logprobs import auto_chunk_size
     pl = mp.plan(_cfg(), 8, 8)
     v, h = mp.ARCHS["qwen2.5-7b"]["vocab_size"], mp.ARCHS["qwen2.5-7b"]["hidden_size"]
     assert pl["logprob_chunk"] == auto_chunk_size(v, 16384)
@@ -137,7 +137,7 @@ def test_param_count_equals_a_real_transformers_model(kind, tied):
     import torch
     from deepspeed.runtime.zero.stage3 import model_to_params
 
-    from training.engine_builder import freeze_lower_layers
+    from training.engine.engine_builder import freeze_lower_layers
     config, cls = _tiny(kind, tied)
     torch.manual_seed(0)
     model = cls(config)
@@ -257,7 +257,7 @@ def test_retriever_on_the_training_gpus_adds_to_both_phases():
 
 
 def test_retriever_gpu_gb_may_change_on_resume():
-    from training.run_state import OPERATIONAL
+    from training.engine.run_state import OPERATIONAL
     assert {"deepspeed.retriever_gpu_gb", "deepspeed.gpu_memory_gb"} <= OPERATIONAL
 
 
@@ -276,12 +276,12 @@ def test_hf_rollout_engine_keeps_a_full_copy_in_both_phases():
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("tied", [True, False])
 def test_critic_params_equal_the_real_value_model(kind, tied):
-    """The critic is veRL's token-classification model (training/critic.py): the plan's Pc and Pct equal
+    """The critic is veRL's token-classification model (training/algorithm/critic.py): the plan's Pc and Pct equal
     a real one's counts, with and without --critic_train_top_layers."""
     import torch
     import transformers as T
 
-    from training.engine_builder import freeze_lower_layers
+    from training.engine.engine_builder import freeze_lower_layers
     config, _ = _tiny(kind, tied)
     config.num_labels = 1
     torch.manual_seed(0)

@@ -81,8 +81,8 @@ SECOND = ("self_play_off", "proposer_only", "solver_only", "simulated", "self_se
 DRIVER = textwrap.dedent("""
     import json, sys, time
     sys.path.insert(0, {repo!r})
-    from training.config import parse_config
-    from training.trainer import SSPTrainer
+    from training.settings.config import parse_config
+    from training.loop.trainer import SSPTrainer
     modes, common, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
     import inference.pipeline as G  # judge_item extracts the solvers' answers for both schedules
     extract = G.extract_answer
@@ -304,7 +304,7 @@ def test_topk_self_distillation_reports_its_kl_and_leaves_the_advantages(runs):
 def test_drop_flat_solver_groups_keeps_groups_with_a_signal():
     from types import SimpleNamespace as T
 
-    from training.rounds import drop_flat_solver_groups
+    from training.loop.rounds import drop_flat_solver_groups
     trajs = [T(role="solver", group_id="a", reward=r) for r in (1.0, 0.0)]      # mixed: kept
     trajs += [T(role="solver", group_id="b", reward=r) for r in (1.0, 1.0)]     # all right: dropped
     trajs += [T(role="solver", group_id="c", reward=r) for r in (0.0, 0.0)]     # all wrong: dropped

@@ -1,4 +1,4 @@
-"""training.update.optimizer_step, the one step rule of the actor, the critic and SFT, on one process with a
+"""training.algorithm.update.optimizer_step, the one step rule of the actor, the critic and SFT, on one process with a
 stand-in engine (the DeepSpeed engines at ZeRO 0, 2 and 3 over 2 ranks: tests/training/test_critic_update.py,
 test_update.py)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.update import optimizer_step
+from training.algorithm.update import optimizer_step
 
 
 class Engine:

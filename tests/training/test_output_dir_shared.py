@@ -1,4 +1,4 @@
-"""--output_dir must be one folder for every rank (training.run_folder.check_shared_output_dir).
+"""--output_dir must be one folder for every rank (training.engine.run_folder.check_shared_output_dir).
 
 Two ranks on one machine share every folder, so the test makes rank 1 look somewhere else with
 the SSP_FAULT hook (SSP_FAULT=unshared_output_dir:1), as if its node had a disk of its own: both
@@ -28,8 +28,8 @@ def worker(out: Path, result: Path) -> None:
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
-    from training.run_folder import prepare_output_dir
-    from training.config import Config, ConfigError
+    from training.engine.run_folder import prepare_output_dir
+    from training.settings.config import Config, ConfigError
 
     cfg = Config()
     cfg.logging.output_dir = str(out)
@@ -68,7 +68,7 @@ def test_every_rank_stops_when_one_cannot_see_rank_0s_marker(tmp_path):
 
 
 def test_a_world_of_one_writes_no_marker(tmp_path):
-    from training.run_folder import check_shared_output_dir
+    from training.engine.run_folder import check_shared_output_dir
     check_shared_output_dir(tmp_path / "solo")
     assert not (tmp_path / "solo").exists()
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training.packing import (block_causal_mask, dummy_micro_batch, equalise_micro_batches, pack_micro_batches,
+from training.algorithm.packing import (block_causal_mask, dummy_micro_batch, equalise_micro_batches, pack_micro_batches,
                               partition_for_ranks, plan_micro_batches, unpack_to_sequences)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ _DIST_SCRIPT = textwrap.dedent("""
     import os, sys
     sys.path.insert(0, os.environ["REPO"])
     import torch, torch.distributed as dist, torch.multiprocessing as mp
-    from training.packing import pack_micro_batches, equalise_micro_batches
+    from training.algorithm.packing import pack_micro_batches, equalise_micro_batches
 
     def run(rank, store):
         # A file store: no TCP port to race other processes for on a shared machine.
@@ -185,8 +185,8 @@ def _unpacked_logprobs(model, ids, temperature):
                                               ("llama", "eager", False)])
 def test_packed_equals_unpacked_logprobs_loss_and_grads(kind, attn, varlen):
     """sdpa+varlen: one SDPA call per sequence; sdpa / eager: explicit 4D block-diagonal mask."""
-    from training.logprobs import sequence_logprobs
-    from training.loss import count_normaliser, policy_loss
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.loss import count_normaliser, policy_loss
 
     model = _tiny_model(kind, attn)
     ids, masks, advs = _trajectories(1)
@@ -236,7 +236,7 @@ def test_packed_equals_unpacked_logprobs_loss_and_grads(kind, attn, varlen):
 @pytest.mark.timeout(60)
 def test_naive_packing_with_cache_leaks_across_sequences():
     """Negative control for the trap: the same comparison catches cross-sequence attention."""
-    from training.packing import model_inputs
+    from training.algorithm.packing import model_inputs
 
     model = _tiny_model("qwen2", "sdpa")
     ids, _, _ = _trajectories(2, n=3)
@@ -251,7 +251,7 @@ def test_naive_packing_with_cache_leaks_across_sequences():
 
 @pytest.mark.timeout(60)
 def test_start_up_guard_passes_ours_and_catches_the_trap():
-    from training.packing import verify_packed_attention
+    from training.algorithm.packing import verify_packed_attention
 
     for kind, attn in (("qwen2", "sdpa"), ("llama", "eager")):
         assert verify_packed_attention(_tiny_model(kind, attn)) < 1e-5
@@ -264,8 +264,8 @@ def test_start_up_guard_passes_ours_and_catches_the_trap():
 
 @pytest.mark.timeout(60)
 def test_dummy_micro_batch_gives_zero_loss_and_gradient():
-    from training.logprobs import sequence_logprobs
-    from training.loss import policy_loss
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.algorithm.loss import policy_loss
 
     model = _tiny_model("llama", "sdpa")
     model.zero_grad()
@@ -285,7 +285,7 @@ def test_dummy_micro_batch_gives_zero_loss_and_gradient():
 @pytest.mark.gpu
 def test_flash_attention_varlen_matches_sdpa():
     """GPU only (skipped here): the flash-attn varlen branch of model_inputs against sdpa."""
-    from training.logprobs import sequence_logprobs
+    from training.algorithm.logprobs import sequence_logprobs
 
     pytest.importorskip("flash_attn")
     ids, masks, _ = _trajectories(3)

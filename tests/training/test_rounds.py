@@ -1,4 +1,4 @@
-"""Dynamic sampling with refill (training/rounds.py) and the search-count mix, as the trainer plays them.
+"""Dynamic sampling with refill (training/loop/rounds.py) and the search-count mix, as the trainer plays them.
 
 The round loop runs in SSPTrainer.play on fake ranks: one thread per rank, a real barrier behind the
 all-reduce (a rank that called it a different number of times breaks the barrier instead of hanging),
@@ -20,11 +20,11 @@ from inference.data import ProposerRow, draw_search_turns
 from inference.game import GameResult, is_count
 from inference.rollout import RolloutConfig
 from inference.trajectory import Trajectory
-from training.config import Config
-from training.rounds import (LAST, MAX, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUMMED_PREFIXES, merge_rounds, merge_stats,
+from training.settings.config import Config
+from training.loop.rounds import (LAST, MAX, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUMMED_PREFIXES, merge_rounds, merge_stats,
                              play_rounds)
 # imported before any test patches utils.dist: utils.logging binds utils.dist.is_main when first imported
-from training.trainer import SSPTrainer
+from training.loop.trainer import SSPTrainer
 
 from tests.thread_ranks import ThreadRanks
 
@@ -84,7 +84,7 @@ def scripted_play_round(script, world):
 
 def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     """SSPTrainer.play on 2 fake ranks at prompts_per_step 4; returns (trainers, games, seen, world)."""
-    import training.trainer
+    import training.loop.trainer
     from utils import dist as D
 
     world = ThreadRanks(2)
@@ -93,7 +93,7 @@ def play_step(monkeypatch, script, n, cap, qa_mix=0.5, mix="", cursors=(0, 0)):
     cfg.selfplay.prompts_per_step, cfg.selfplay.qa_mix_fraction, cfg.selfplay.search_turns_mix = 4, qa_mix, mix
     cfg.algorithm.min_informative_groups, cfg.algorithm.max_rounds = n, cap
     cfg.algorithm.drop_flat_solver_groups = True
-    monkeypatch.setattr(training.trainer, "play_round", scripted_play_round(script, world))   # imported at its top
+    monkeypatch.setattr(training.loop.trainer, "play_round", scripted_play_round(script, world))   # imported at its top
     monkeypatch.setattr(D, "all_reduce_sum", world.all_reduce_sum)
     monkeypatch.setattr(D, "is_main", lambda: world.rank() == 0)
     trainers = [fake_trainer(r, 2, cfg, world.seen[r]) for r in range(2)]

@@ -1,4 +1,4 @@
-"""training/run_state.py: a damaged checkpoint is refused naming its file, the newest complete one is offered by
+"""training/engine/run_state.py: a damaged checkpoint is refused naming its file, the newest complete one is offered by
 name, no hint deletes checkpoints without saying so, and the dry run's verdict on a run folder writes nothing."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from training import run_state as S
+from training.engine import run_state as S
 
 
 def _cfg(**changes) -> dict:
-    from training.config import Config
+    from training.settings.config import Config
 
     d = Config().to_dict()
     for key, value in changes.items():
@@ -113,11 +113,11 @@ def test_run_folder_errors_is_what_the_launch_refuses(tmp_path):
 
 
 def test_checkpoint_read_of_a_truncated_client_state_names_the_file(tmp_path):
-    """training/checkpoint.py's torch.load of trainer_rank0.pt: '[Errno 22] Invalid argument' became a
+    """training/engine/checkpoint.py's torch.load of trainer_rank0.pt: '[Errno 22] Invalid argument' became a
     ResumeError that names the file, says the checkpoint is damaged and offers the newest complete one."""
     import torch
 
-    from training.checkpoint import read_client_state
+    from training.engine.checkpoint import read_client_state
 
     out = _run(tmp_path)
     pt = out / "checkpoints/step_000020/trainer_rank0.pt"

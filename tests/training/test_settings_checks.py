@@ -11,10 +11,10 @@ from dataclasses import fields, replace
 
 import pytest
 
-from training.config import (GROUPS, AlgoArgs, CkptArgs, Config, ConfigError, CriticArgs, DeepSpeedArgs, DistillArgs,
+from training.settings.config import (GROUPS, AlgoArgs, CkptArgs, Config, ConfigError, CriticArgs, DeepSpeedArgs, DistillArgs,
                              EvalArgs, LogArgs, ModelArgs, OptimArgs, RolloutArgs, SearchArgs, SelfPlayArgs,
                              build_parser, upgrade_saved_config, validate_args)
-from training.validation import group_errors
+from training.settings.validation import group_errors
 
 
 def _paths(tmp_path) -> dict:
@@ -213,8 +213,8 @@ def test_an_old_run_folder_resumes(tmp_path):
     """A run folder from before the distill group (its config.json holds --distill* under "algorithm") is the same
     run for the same settings: no run-defining field differs, the launch resumes its checkpoint and keeps its run id;
     a changed --distill_coef is still seen as another run."""
-    from training import run_folder as C
-    from training import run_state as S
+    from training.engine import run_folder as C
+    from training.engine import run_state as S
 
     cfg = Config()
     cfg.logging.output_dir = str(tmp_path / "run")

@@ -1,4 +1,4 @@
-"""Cold-start SFT (training/sft.py): the rollout mask rule, no gradient from masked tokens,
+"""Cold-start SFT (training/loop/sft.py): the rollout mask rule, no gradient from masked tokens,
 and a real ZeRO-3 run on a tiny model that lowers its loss and exports an HF folder."""
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def tok(smollm2_dir):
 def test_render_demo_follows_the_rollout_mask_rule(tok):
     from inference.prompts import build_proposer_prompt, build_solver_prompt, format_docs
     from inference.rollout import info_block_tokens
-    from training.sft import render_demo
+    from training.loop.sft import render_demo
 
     ids, mask = render_demo(tok, solver_demo(), "auto", max_info_tokens=384)
     prompt = build_solver_prompt(tok, "What is the name of the 1875 opera by Georges Bizet?")
@@ -65,7 +65,7 @@ def test_render_demo_follows_the_rollout_mask_rule(tok):
 
 
 def test_render_demo_refuses_bad_rows(tok):
-    from training.sft import render_demo
+    from training.loop.sft import render_demo
     with pytest.raises(ValueError, match="role"):
         render_demo(tok, {"role": "judge", "turns": []})
     with pytest.raises(ValueError, match="no model turn"):
@@ -76,15 +76,15 @@ def test_render_demo_refuses_bad_rows(tok):
 
 def sft_loss_sum(model, mb):
     """The SFT loss of a plain (non-DeepSpeed) model on one micro-batch, and its token count."""
-    from training.logprobs import sequence_logprobs
-    from training.sft import sft_loss
+    from training.algorithm.logprobs import sequence_logprobs
+    from training.loop.sft import sft_loss
     lp, _ = sequence_logprobs(model, mb, 1.0)
     return sft_loss(lp, mb), int(mb.tensors["loss_mask"].sum())
 
 
 def _grads(model, tok, demo):
-    from training.packing import pack_trajectories
-    from training.sft import demos_to_trajectories
+    from training.algorithm.packing import pack_trajectories
+    from training.loop.sft import demos_to_trajectories
 
     model.zero_grad()
     mb = pack_trajectories(demos_to_trajectories(tok, [demo], "auto", 384), 8192)[0]
@@ -120,7 +120,7 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "run"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "training.sft", "--data", str(data), "--model_path", str(tiny_model_dir),
+    cmd = [sys.executable, "-m", "training.loop.sft", "--data", str(data), "--model_path", str(tiny_model_dir),
            "--output_dir", str(out), "--dtype", "fp32", "--batch_size", "4", "--epochs", "16", "--lr", "1e-3",
            "--warmup_steps", "0", "--lr_schedule", "constant", "--gradient_checkpointing", "false", "--tensorboard", "false"]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -132,8 +132,8 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
 
     # the export holds the trained weights: its NLL on the demos is the last steps' loss, not the start's
     from transformers import AutoModelForCausalLM
-    from training.packing import pack_trajectories
-    from training.sft import demos_to_trajectories
+    from training.algorithm.packing import pack_trajectories
+    from training.loop.sft import demos_to_trajectories
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(out / "hf")
     mb = pack_trajectories(demos_to_trajectories(tok, rows, "auto", 384), 8192)[0]
@@ -144,14 +144,14 @@ def test_sft_lowers_the_loss_and_exports(tiny_model_dir, tmp_path):
 
 def test_sft_refuses_missing_data(tmp_path, tiny_model_dir):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "training.sft", "--data", str(tmp_path / "nope.jsonl"),
+    r = subprocess.run([sys.executable, "-m", "training.loop.sft", "--data", str(tmp_path / "nope.jsonl"),
                         "--model_path", str(tiny_model_dir), "--output_dir", str(tmp_path / "o")],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr and "dataprep.coldstart" in r.stderr
     # run as a file it says how to run it, instead of a ModuleNotFoundError (it no longer edits sys.path)
     r = subprocess.run([sys.executable, str(ROOT / "training" / "sft.py"), "--data", "x"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
-    assert r.returncode != 0 and "python -m training.sft" in r.stderr, r.stderr
+    assert r.returncode != 0 and "python -m training.loop.sft" in r.stderr, r.stderr
 
 
 def test_sft_flags_are_train_py_declarations_with_their_own_defaults():
@@ -159,8 +159,8 @@ def test_sft_flags_are_train_py_declarations_with_their_own_defaults():
     it by training/flags.derive_group): same help, same choices; only the defaults named here differ."""
     from dataclasses import fields
 
-    from training.config import GROUPS
-    from training.sft import SFT_GROUPS
+    from training.settings.config import GROUPS
+    from training.loop.sft import SFT_GROUPS
 
     own_defaults = {"lr": 2e-5, "lr_schedule": "cosine", "warmup_steps": 2, "micro_token_budget": 4096,
                     "output_dir": "runs/sft", "sample_every": 0, "save_every": 0}

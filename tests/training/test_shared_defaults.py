@@ -14,7 +14,7 @@ from inference.engine_api import MAX_MODEL_LEN
 from inference.evaluate import EvalConfig
 from inference.game import GameConfig
 from inference.rollout import RolloutConfig
-from training.config import GROUPS, build_parser
+from training.settings.config import GROUPS, build_parser
 
 DATACLASSES = (GameConfig, RolloutConfig)
 RENAMED = {  # train.py flag -> (dataclass, field) it feeds (one name since issue 34; the game once renamed them)
@@ -101,7 +101,7 @@ def test_sft_reads_the_rollouts_information_budget():
     """SFT renders demonstrations with the rollout's own <information> cut: its default must be the rollout's."""
     import inspect
 
-    from training.sft import SFT_GROUPS, parse_sft_args, render_demo
+    from training.loop.sft import SFT_GROUPS, parse_sft_args, render_demo
 
     # its flag is train.py's own --max_info_tokens (training/flags.derive_group), default and all
     assert SFT_GROUPS["rollout"]().max_info_tokens == RolloutConfig.max_info_tokens == 512

@@ -1,4 +1,4 @@
-"""The step batch packed once (training/step_batch.py) against plain torch on unpacked sequences.
+"""The step batch packed once (training/algorithm/step_batch.py) against plain torch on unpacked sequences.
 
 The trainer's path: SSPTrainer.forward_logprobs fills the batch's old and reference log-prob columns from
 its packed micro-batches, then ppo_update trains on that batch (the micro-batches reused with one
@@ -19,10 +19,10 @@ import torch
 
 from inference.trajectory import Trajectory
 from tests.thread_ranks import ThreadRanks
-from training.config import AlgoArgs
-from training.step_batch import ADV, OLD, REF, StepBatch
-from training.trainer import SSPTrainer
-from training.update import ppo_update, split_mini_batches
+from training.settings.config import AlgoArgs
+from training.algorithm.step_batch import ADV, OLD, REF, StepBatch
+from training.loop.trainer import SSPTrainer
+from training.algorithm.update import ppo_update, split_mini_batches
 from utils import dist as D
 
 VOCAB, BUDGET, KL_COEF = 64, 96, 0.05

@@ -1,4 +1,4 @@
-"""The self-distillation teacher's plumbing (training/teacher.py): which solver trajectory gets a teacher,
+"""The self-distillation teacher's plumbing (training/algorithm/teacher.py): which solver trajectory gets a teacher,
 what the teacher sees (its own prompt, then the student's response token for token), how its log-probs
 line up with the student's tokens, and the dense term added to the advantages.
 
@@ -12,8 +12,8 @@ import torch
 
 from inference.prompts import build_solver_prompt, build_teacher_prompt, teacher_context
 from inference.trajectory import GameMeta, Trajectory
-from training.self_distill import dense_term
-from training.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
+from training.algorithm.self_distill import dense_term
+from training.algorithm.teacher import (TopKTerm, apply_sampled, coverage_sums, finish_metrics, privileged_block, teacher_logprobs,
                               teacher_trajectory)
 
 QCP = {"queries": ["1900 Olympics host", "Paris river"],
@@ -121,7 +121,7 @@ def test_dense_term_on_sampled_tokens_only_and_beta_zero_is_exact(tok):
 def test_dense_term_is_the_trainers_wiring_of_each_mode(tok, mode):
     """dense_term (what Trainer._distill calls): sampled == teacher_logprobs + apply_sampled, topk == the
     advantages untouched, coverage_sums and a TopKTerm; both label the trajectories with their teacher's block."""
-    from training.config import Config
+    from training.settings.config import Config
 
     a, b = solver(tok), solver(tok, qcp=None, source="qa", seed=1)
     trajs = [a, b]
@@ -191,7 +191,7 @@ def test_forward_topk_refuses_k_beyond_the_vocabulary(tiny_model_dir):
 
     from transformers import AutoModelForCausalLM
 
-    from training.teacher import forward_topk
+    from training.algorithm.teacher import forward_topk
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, torch_dtype=torch.float32)
     v = model.get_output_embeddings().out_features
     for k in (0, v + 1):

@@ -1,7 +1,7 @@
 """train.py at vLLM tensor parallel 2, end to end on CPU (issue 35): 2 torchrun ranks in one TP group
 (--vllm_tp 2, external_launcher), ZeRO-3 over gloo, fp32, SmolLM2-135M re-laid out so TP 2 can split it
 (tests/tp_model.py), BM25 search. The two ranks of the group play the same games (same seed and data shard,
-training/trainer.py) and vLLM's weight loaders shard the gathered ZeRO-3 weights at each sync.
+training/loop/trainer.py) and vLLM's weight loaders shard the gathered ZeRO-3 weights at each sync.
 
 Per schedule (--rollout_schedule), four launches that the tests share:
   A  2 uninterrupted steps, a checkpoint after each;

@@ -168,8 +168,8 @@ def test_gae_with_a_critic_trains_and_resumes_exactly(workdir, tiny_model_dir):
     w0, w1 = _weights(tiny_model_dir), _weights(ck / "hf")
     assert all((w0[k] - w1[k]).abs().max() == 0 for k in w0)          # --critic_warmup 1: the actor waited
     # the memory plan's disk figure for the critic (its optimizer, frozen weights, --export_critic) against the save
-    from training import memory_plan as mp
-    from training.config import Config
+    from training.engine import memory_plan as mp
+    from training.settings.config import Config
     cfg, raw = Config(), json.loads((a / "config.json").read_text())
     for group, values in raw.items():
         for k, v in values.items():

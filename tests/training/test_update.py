@@ -46,7 +46,7 @@ def test_micro_batches_accumulate_to_the_whole_batch_gradient(launch, world):
 
 
 def test_ranks_with_unequal_informative_groups_train_on_the_whole_batch_without_a_hang(launch):
-    """Dynamic sampling with refill (training/rounds.py) leaves ranks with unequal informative solver groups once
+    """Dynamic sampling with refill (training/loop/rounds.py) leaves ranks with unequal informative solver groups once
     the flat ones are dropped: rank 0 3 of 5, rank 1 1 of 5, then none. The trainer's path (drop, GRPO
     advantages, ppo_update under ZeRO-3) must still call the same collectives on both ranks (the launch would
     hang otherwise) and move the weights by exactly the SGD step of the whole batch of informative groups."""

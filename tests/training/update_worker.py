@@ -17,12 +17,12 @@ the same model:
   nan       a NaN advantage on the last rank only: every rank skips that optimizer step, and the next
             step is exactly the whole batch's SGD step again (no stale gradient leaks into it)
 
-uneven      2 ranks, the shape of a step that dynamic sampling with refill (training/rounds.py) leaves: 5
+uneven      2 ranks, the shape of a step that dynamic sampling with refill (training/loop/rounds.py) leaves: 5
             solver groups of 3 per rank, rank 0 with 3 informative and 2 flat, rank 1 with 1 informative and 4
             flat; then rank 1 with none at all. The trainer's path (drop_flat_solver_groups, role_advantages,
             ppo_update with plain SGD) on each rank's groups moves the weights by -lr * g, g the gradient of
             the whole batch of informative groups in plain torch (GRPO advantages by hand), without a hang.
-bypass      a negative control, after main: installs the --bypass (default forward) in training.micro_batches,
+bypass      a negative control, after main: installs the --bypass (default forward) in training.algorithm.micro_batches,
             then runs main's phases again from the engine's current weights (the reference re-synced to
             them): --bypass=forward runs the forward through engine.module (the code before the fix),
             --bypass=scale leaves DeepSpeed's averaging over ranks uncompensated; the test must see both.
@@ -48,7 +48,7 @@ prepare_launch_env()
 import torch  # noqa: E402
 
 from inference.trajectory import Trajectory  # noqa: E402
-from training.config import AlgoArgs, Config  # noqa: E402
+from training.settings.config import AlgoArgs, Config  # noqa: E402
 from utils import dist as D  # noqa: E402
 
 CLIP_LOW, CLIP_HIGH, LR = 0.2, 0.28, 0.05
@@ -125,7 +125,7 @@ def epochs_phase(engine, ref, base, cfg) -> dict:
     equals that of one combined step over everything, and so must the logged per-step mean."""
     from types import SimpleNamespace
 
-    from training.trainer import SSPTrainer
+    from training.loop.trainer import SSPTrainer
 
     for group in engine.optimizer.param_groups:
         group["lr"] = 0.0
@@ -168,11 +168,11 @@ UNEVEN = {"3+1": [[[1, 0, 0], [1, 1, 1], [1, 1, 0], [0, 0, 0], [0, 1, 1]],
 def uneven_phase(engine, ref, rank: int, world: int) -> dict:
     """The uneven phase (module docstring): per case of UNEVEN, the SGD step's error against plain torch,
     and each rank's informative groups and real / equalised micro-batches."""
-    from training.advantages import role_advantages
-    from training.rounds import drop_flat_solver_groups
-    from training.trainer import _all_reduce_tensor
-    from training.micro_batches import pack_equal
-    from training.update import ppo_update
+    from training.algorithm.advantages import role_advantages
+    from training.loop.rounds import drop_flat_solver_groups
+    from training.loop.trainer import _all_reduce_tensor
+    from training.algorithm.micro_batches import pack_equal
+    from training.algorithm.update import ppo_update
 
     assert world == 2, "the uneven phase needs 2 ranks"
     algo = AlgoArgs(clip_low=CLIP_LOW, clip_high=CLIP_HIGH, entropy_coef=0.0, solver_estimator="grpo")
@@ -218,10 +218,10 @@ def uneven_phase(engine, ref, rank: int, world: int) -> dict:
 
 
 def install_bypass(bypass: str) -> None:
-    """Patch training.micro_batches so the update path is the broken one: the negative control's code path."""
-    import training.micro_batches as U
+    """Patch training.algorithm.micro_batches so the update path is the broken one: the negative control's code path."""
+    import training.algorithm.micro_batches as U
     if bypass == "forward":  # the code before the fix: the forward skipped DeepSpeedEngine.forward
-        from training.logprobs import sequence_logprobs
+        from training.algorithm.logprobs import sequence_logprobs
         U.engine_logprobs = lambda e, mb, temp=1.0, ent=False, **kw: sequence_logprobs(e.module, mb, temp, ent)
     elif bypass == "scale":  # no compensation for DeepSpeed averaging gradients over ranks
         U.dp_world_size = lambda e: 1
@@ -241,10 +241,10 @@ def sync_reference(engine, ref) -> dict[str, torch.Tensor]:
 
 def update_phases(engine, ref, trajs, rank: int, world: int, bypass: str) -> dict:
     """grad_rl, grad_sft, sgd and nan (the module docstring), from the engine's current weights."""
-    from training.loss import policy_loss
-    from training.sft import sft_loss
-    from training.micro_batches import accumulate, pack_equal
-    from training.update import ppo_update
+    from training.algorithm.loss import policy_loss
+    from training.loop.sft import sft_loss
+    from training.algorithm.micro_batches import accumulate, pack_equal
+    from training.algorithm.update import ppo_update
 
     def sgd_step_by_hand():
         """-lr * g, g the reference's gradient of the whole batch's loss at its current weights."""
@@ -349,7 +349,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     from tests.training.launch import phases_from_argv
-    from training.engine_builder import _load_model, build_ds_config
+    from training.engine.engine_builder import _load_model, build_ds_config
 
     model_dir, out_path = sys.argv[1], Path(sys.argv[2])
     phases = phases_from_argv(sys.argv, PHASES, "main", ("bypass", "epochs"))

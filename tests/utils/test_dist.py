@@ -54,8 +54,8 @@ def test_under_nccl_no_cpu_tensor_reaches_the_collective(monkeypatch):
     bug was the CPU tensor reaching NCCL ("No backend type associated with device type cpu")."""
     import torch.distributed as dist
 
-    from training.advantages import _all_reduce_sum
-    from training.packing import global_max
+    from training.algorithm.advantages import _all_reduce_sum
+    from training.algorithm.packing import global_max
 
     seen: list[str] = []
     monkeypatch.setattr(dist, "is_initialized", lambda: True)
@@ -79,8 +79,8 @@ _TWO_RANKS = textwrap.dedent("""
     sys.path.insert(0, os.environ["REPO"])
     import torch, torch.distributed as dist, torch.multiprocessing as mp
     from utils import dist as D
-    from training.packing import global_max
-    from training.advantages import _all_reduce_sum
+    from training.algorithm.packing import global_max
+    from training.algorithm.advantages import _all_reduce_sum
 
     def run(rank, store):
         # A file store: no TCP port to race other processes for on a shared machine.

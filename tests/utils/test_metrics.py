@@ -44,7 +44,7 @@ def test_a_game_filter_count_is_summed_over_two_ranks(two_ranks):
 
 
 def test_a_mean_is_over_the_ranks_that_report_it(two_ranks):
-    import training.update  # noqa: F401 - declares the *_loss shares (alone, this file never imported it)
+    import training.algorithm.update  # noqa: F401 - declares the *_loss shares (alone, this file never imported it)
 
     per_rank = [{"x/undeclared_mean": 2.0, "actor/pg_loss": 0.5}, {"actor/pg_loss": 0.25}]
     got = two_ranks.run(lambda r: M.reduce_over_ranks(per_rank[r]))[0]
@@ -54,7 +54,7 @@ def test_a_mean_is_over_the_ranks_that_report_it(two_ranks):
 def test_every_metric_the_trainer_summed_is_declared_where_it_is_made():
     """The keys the trainer's SUM_KEYS list used to name, the *_loss shares and the game's counts: after the
     trainer's imports each is summed; the shares and means are not."""
-    import training.trainer  # noqa: F401 - imports every module that makes a step metric
+    import training.loop.trainer  # noqa: F401 - imports every module that makes a step metric
     from inference.game import COUNT_KEYS, COUNT_PREFIXES
 
     formerly = ("actor/num_tokens", "search/sim_failures", "search/sim_docs", "game/flat_solver_groups",
@@ -72,11 +72,11 @@ def test_one_rank_passes_through():
 
 
 def test_a_tp_group_counts_its_games_once_and_keeps_the_loss_shares(two_ranks, monkeypatch):
-    """At --vllm_tp 2 both ranks of the group play the same games (training/trainer.py sets the replicas): the
+    """At --vllm_tp 2 both ranks of the group play the same games (training/loop/trainer.py sets the replicas): the
     reduced counts equal one copy's, not twice that, and a loss (each rank's share of it, normalised by a global
     count that held both copies) sums to the one copy's loss. Reference: one rank alone with the whole game."""
     import inference.game  # noqa: F401 - declares the game's counts
-    import training.update  # noqa: F401 - declares actor/num_tokens and the *_loss shares
+    import training.algorithm.update  # noqa: F401 - declares actor/num_tokens and the *_loss shares
 
     monkeypatch.setattr(M, "_replicas", 1)  # restored after the test
     alone = {"game/proposer_trajs": 4.0, "game/filter/too_short": 3.0, "actor/num_tokens": 120.0,
@@ -97,7 +97,7 @@ def test_the_rounds_played_read_the_same_at_any_tp(two_ranks, monkeypatch, repli
     rank 0 alone, summed, then divided by the group's copies."""
     import inference.game  # noqa: F401 - declares the game's counts
     from inference.game import GameResult
-    from training.rounds import merge_rounds
+    from training.loop.rounds import merge_rounds
 
     monkeypatch.setattr(M, "_replicas", replicas)
     games = [merge_rounds([GameResult([], {"game/proposer_trajs": 2.0})] * 2) for _ in range(2)]
@@ -111,8 +111,8 @@ def test_a_rank_without_loss_tokens_leaves_no_nan(two_ranks):
     and the mean over ranks with it."""
     import torch
 
-    from training.critic import _reduce
-    from training.loss import reduce_metrics
+    from training.algorithm.critic import _reduce
+    from training.algorithm.loss import reduce_metrics
 
     def actor(n, frac):
         return {"actor/num_tokens": torch.tensor(float(n)), "actor/pg_loss": torch.tensor(0.0),

@@ -49,7 +49,7 @@ def trackers(tmp_path_factory):
 
 def _config(monkeypatch) -> dict:
     """A real resolved config whose judge has a key (from the environment, as always) and a URL with a password."""
-    from training.config import parse_config
+    from training.settings.config import parse_config
 
     monkeypatch.setenv("OPENAI_API_KEY", SECRET)
     return parse_config(["--judge", "llm", "--judge_url", f"http://judge:{URL_PASSWORD}@127.0.0.1:1/v1",
@@ -117,7 +117,7 @@ def _warnings(err: str) -> list[str]:
 
 @pytest.mark.timeout(120)
 def test_report_to_names_and_the_secret_free_config(monkeypatch):
-    from training.config import ConfigError, parse_config
+    from training.settings.config import ConfigError, parse_config
     from utils.trackers import parse_report_to, public_config
 
     assert parse_report_to("tensorboard") == ["tensorboard"]
