@@ -33,7 +33,7 @@ def test_script_parses(script):
 
 def test_sft_cold_start_is_one_shared_script():
     """The demo and the learning proof both call sft_coldstart.sh; neither runs the SFT (python -m training.loop.sft) itself."""
-    sft = r"^[^#\n]*(training/sft\.py|-m training\.sft)"
+    sft = r"^[^#\n]*(training/loop/sft\.py|-m training\.loop\.sft)"
     for script in (DEMO, PROOF):
         text = script.read_text()
         assert re.search(r"^[^#\n]*bash scripts/sft_coldstart\.sh", text, re.M), script.name

@@ -149,7 +149,7 @@ def test_sft_refuses_missing_data(tmp_path, tiny_model_dir):
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode != 0 and "nope.jsonl does not exist" in r.stderr and "dataprep.coldstart" in r.stderr
     # run as a file it says how to run it, instead of a ModuleNotFoundError (it no longer edits sys.path)
-    r = subprocess.run([sys.executable, str(ROOT / "training" / "sft.py"), "--data", "x"], cwd=ROOT,
+    r = subprocess.run([sys.executable, str(ROOT / "training" / "loop" / "sft.py"), "--data", "x"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "python -m training.loop.sft" in r.stderr, r.stderr
 
