@@ -16,7 +16,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from inference.data import ProposerRow
-from inference.engine_api import GenOutput
 from inference.filters import FILTER_REASONS
 from inference.game import (
     EXCLUSION_REASONS,
@@ -35,8 +34,9 @@ from inference.game import (
 from inference.game_metrics import round_stats
 from inference.judge import JUDGE_SYSTEM, Judge
 from inference.rag_check import _flat_docs
-from inference.rollout import INFO_OPEN, RolloutConfig
+from inference.rollout import RolloutConfig
 from inference.trajectory import GameMeta, Outcome, Trajectory
+from tests.scripted_policy import LINCOLN_QUERIES, ScriptedPolicy
 from utils.text import exact_match
 
 STAT_KEYS = {
@@ -323,31 +323,8 @@ def test_config_and_argument_errors():
 
 # ---- failures are left out of the loss, never scored ------------------------------------------------
 
-Q_LINCOLN = "Which American president was shot at a theatre in Washington in April of 1865?"
-
-
-class Scripted:
-    """Plays both roles from a script on the real tokenizer: the proposer searches twice, then asks
-    Q_LINCOLN; the solver searches once, then answers `solver_answer`."""
-
-    def __init__(self, tokenizer, solver_answer, question=Q_LINCOLN):
-        self.tokenizer, self.max_model_len, self.solver_answer, self.question = tokenizer, 4096, solver_answer, question
-
-    def generate(self, prompts, sampling):
-        outs = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            k = text.count(INFO_OPEN)
-            if "You set puzzles" in text:
-                reply = ["<search> Abraham Lincoln president </search>",
-                         "<search> Lincoln assassination theatre </search>", f"<question> {self.question} </question>"][k]
-            else:
-                reply = "<search> Lincoln </search>" if k == 0 else f"<answer> {self.solver_answer} </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
-        return outs
-
-
+# tests/scripted_policy.py plays both roles: the proposer searches LINCOLN_QUERIES, then asks its question; the
+# solver searches once, then answers what it is told to.
 SCRIPT_ROLLOUT = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2)
 ROW = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
 
@@ -361,7 +338,7 @@ def tokenizer(smollm2_dir):
 
 def _round(tokenizer, answer, search, judge, rag="off"):
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify=rag, rag_distractors=0)
-    res = play_round(Scripted(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
+    res = play_round(ScriptedPolicy(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
     assert len(props) == 2 and all(t.outcome.valid for t in props) and len(sols) == 4   # 1 + 2 groups
@@ -400,7 +377,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
 
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0,
                      self_search_format_reward=True)
-    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
+    res = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
     assert len(sols) == 4 and all(t.outcome.correct and t.outcome.format_reward == 0.0 for t in sols)
@@ -408,7 +385,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
     assert [t.reward for t in props] == [0.0, 0.0] and all(t.outcome.format_reward is None for t in props)
     assert res.stats["solver/reward_mean"] == 1.0
     assert {k: res.stats[k] for k in signal_counts(sols)} == signal_counts(sols)
-    plain = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
+    plain = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
                        GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0),
                        SCRIPT_ROLLOUT, step=0)
     assert all(t.reward == 1.0 and t.outcome.format_reward is None for t in plain.trajectories if t.role == "solver")
@@ -429,7 +406,7 @@ def test_search_outage_leaves_groups_out(tokenizer, bm25):
     # the outage, so the proposer group is left out; the solvers of pool questions still train
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off")
     pool = QuestionPool.from_list(SEED_POOL, seed=0)
-    res = play_round(Scripted(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
+    res = play_round(ScriptedPolicy(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
                      SCRIPT_ROLLOUT, pool=pool, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
@@ -517,12 +494,12 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
 
     pool = QuestionPool(8, seed=0)
     cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off")
-    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+    res = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                      pool=pool, step=0)
     prop = next(t for t in res.trajectories if t.role == "proposer")
     assert prop.outcome.valid
     qcp = qcp_of(prop)
-    assert qcp["queries"] == ["Abraham Lincoln president", "Lincoln assassination theatre"]
+    assert qcp["queries"] == LINCOLN_QUERIES
     assert [[d["id"] for d in call] for call in qcp["docs"]] == [[str(d["id"]) for d in call] for call in prop.docs]
     assert all(len(d["contents"]) <= QCP_DOC_CHARS for call in qcp["docs"] for d in call) and qcp["docs"][0]
     for t in (t for t in res.trajectories if t.role == "solver"):
@@ -531,7 +508,7 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     back = QuestionPool.from_list(torch.load(tmp_path / "state.pt", weights_only=True)["pool"], 8)
     assert back.to_list() == pool.to_list() and back.to_list()[0]["qcp"] == qcp
     # a round whose question is invalid (it names its own answer) refills from the pool
-    leaky = Scripted(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
+    leaky = ScriptedPolicy(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
     res2 = play_round(leaky, [ProposerRow(["Ford's Theatre"], 2)], bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                       pool=back, step=1)
     assert next(t for t in res2.trajectories if t.role == "proposer").outcome.filter_reason == "answer_in_question"
@@ -551,7 +528,7 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
     def play(answer, **window):
         pool = QuestionPool(8, seed=0)
         cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off", **window)
-        res = play_round(Scripted(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+        res = play_round(ScriptedPolicy(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                          pool=pool, step=3)
         props = [t for t in res.trajectories if t.role == "proposer"]
         assert [t.outcome.valid for t in props] == [True, False]
