@@ -45,7 +45,7 @@ class ScriptedPolicy:
     A solver searches "Lincoln" `solver_searches` times, then answers `solver_answer` (READ_TITLE: what it read).
     The policy's RAG check reads as a solver that has searched: it gets the solver's answer, or `reader`'s reply
     when a reader (an engine) is given.
-    log: (time, "proposer" | "solver", search results held) of every prompt it generated for.
+    log: (time, "proposer" | "solver" | "rag_check", search results held) of every prompt it generated for.
     """
 
     def __init__(self, tokenizer: Any, solver_answer: str = "Lincoln", question: str = Q_LINCOLN,
@@ -62,9 +62,9 @@ class ScriptedPolicy:
         for p, s in zip(prompts, per_prompt_sampling(sampling, len(prompts))):
             text = self.tokenizer.decode(p)
             k = text.count(INFO_OPEN)
-            proposer = "You set puzzles" in text
-            self.log.append((time.perf_counter(), "proposer" if proposer else "solver", k))
-            if self.reader is not None and is_rag_check(s):
+            proposer, rag = "You set puzzles" in text, is_rag_check(s)
+            self.log.append((time.perf_counter(), "proposer" if proposer else "rag_check" if rag else "solver", k))
+            if self.reader is not None and rag:
                 outs += self.reader.generate([p], s)
                 continue
             outs.append(reply_output(self.tokenizer, self.propose(text, k) if proposer else self.solve(text, k)))

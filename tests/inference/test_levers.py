@@ -18,8 +18,9 @@ import pytest
 
 from inference.data import ArticleRows, ProposerRow, mix_search_turns
 from inference.filters import FILTER_REASONS, SHORTCUT_REASONS
-from inference.game import GameConfig, play_round, score, validate
+from inference.game import GameConfig, play_round, question_searcher, score
 from inference.judge import Judge
+from inference.pipeline import filter_reason
 from inference.rag_check import search_questions, searched_verdict
 from inference.rollout import RolloutConfig
 from inference.trajectory import GameMeta, Trajectory
@@ -216,15 +217,17 @@ def test_a_shortcut_refusal_scores_zero_every_other_the_format_penalty():
         {r: 0.0 if r in ("shortcut_queries", "shortcut_title") else -1.0 for r in reasons}
 
 
-def test_validate_with_retrieval_needs_the_solvers_search():
-    """The staged checks take the solver's back-end: without one, the retrieval check is refused, not skipped."""
-    props = [_traj("Which city on the Seine is the capital of France and its largest city?", "Paris")]
+def test_the_retrieval_check_needs_the_solvers_search():
+    """The question checks take the solver's back-end (game.question_searcher, as play_round builds them): without
+    one, the retrieval check is refused, not skipped; with one, a question whose search finds its answer passes."""
+    t = _traj("Which city on the Seine is the capital of France and its largest city?", "Paris")
+    cfg = GameConfig(rag_verify="retrieval")
     with pytest.raises(ValueError, match="--solver_search retriever"):
-        validate(props, None, Judge(), GameConfig(rag_verify="retrieval"), lambda i: None)
+        question_searcher(cfg, None)
     found = [[{"id": "1", "contents": "Paris\nThe capital."}]]
-    reasons, verdict = validate(props, None, Judge(), GameConfig(rag_verify="retrieval"), lambda i: None,
-                                search=lambda qs, k: found * len(qs), topk=1)
-    assert reasons == [None] and verdict == {0: True}
+    search = question_searcher(cfg, lambda qs, k: found * len(qs))
+    assert filter_reason(t, cfg) is None
+    assert searched_verdict(t, search_questions([t.question], [t.answer], search, 1)[0], cfg) == (None, True)
 
 
 # ---- --proposer_seed articles --------------------------------------------------------------------------
