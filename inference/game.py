@@ -1,4 +1,4 @@
-"""One round of the search self-play game: propose, validate, solve, reward.
+"""One round of the search self-play game: propose, check the questions, solve, reward.
 
     props = run_rollouts(proposer prompts x G_p)               # multi-turn, with search
     for each proposer trajectory:
@@ -34,13 +34,11 @@ from the loss; game/excluded_groups over game/groups is what training/guards.Fai
 
 from __future__ import annotations
 
-import logging
-import random
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from inference.data import ProposerRow
-from inference.filters import SHORTCUT_FILTERS, SHORTCUT_REASONS, FilterConfig, check_question
+from inference.filters import SHORTCUT_FILTERS, SHORTCUT_REASONS, FilterConfig
 # what the round shows (inference/game_metrics.py); its names stay importable from here too
 from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY, SOURCES,  # noqa: F401
                                     answer_in_text, answer_is_first_title, is_count, no_question_why,
@@ -48,8 +46,8 @@ from inference.game_metrics import (COUNT_KEYS, COUNT_PREFIXES, NO_QUESTION_WHY,
 from inference.game_metrics import mean_or_zero as _mean, round_stats as _stats
 from inference.judge import Judge, JudgeItem
 # the RAG check (inference/rag_check.py); its names stay importable from here too
-from inference.rag_check import (QUESTION_SEARCH_NEEDS, RAG_INSTRUCTION, RAG_VERIFIERS, check_questions,  # noqa: F401
-                                 needs_question_search, rag_check, rag_prompt, solver_view)
+from inference.rag_check import (QUESTION_SEARCH_NEEDS, RAG_INSTRUCTION, RAG_VERIFIERS,  # noqa: F401
+                                 needs_question_search, rag_prompt, solver_view)
 # the round's slots and its pipeline (inference/pipeline.py); qcp_of stays importable from here too
 from inference.pool import POOL_SIZE, SEED_STEP, QuestionPool, admit_to_pool, pool_clear_due  # noqa: F401
 from inference.pipeline import (QCP_DOC_CHARS, FillPlan, Played, RoundPipeline, judge_item,  # noqa: F401
@@ -60,7 +58,6 @@ from inference.rollout import RolloutConfig, needs_barrier, search_attr
 from inference.self_search import shape_solver_rewards
 from inference.trajectory import GameMeta, Trajectory
 
-log = logging.getLogger(__name__)
 
 SearchFn = Callable[[list[str], int], list[list[dict]]]
 EXCLUSION_REASONS = ("judge_failed", "search_failed")
@@ -183,7 +180,7 @@ class GameResult:
 
 # ---- the round's pieces ------------------------------------------------------------------------
 # Each reads what it needs from the trajectories (answer, meta), so they can also be driven on hand-made
-# trajectories (validate: every candidate's checks at once, as the pipeline makes them one by one).
+# trajectories. The question checks are the pipeline's (inference/pipeline.py), made as each proposer ends.
 
 def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, SearchFn | None]:
     if isinstance(search_fn, dict):
@@ -192,35 +189,6 @@ def _search_fns(search_fn: SearchFn | dict | None) -> tuple[SearchFn | None, Sea
             raise ValueError(f"search_fn dict keys must be 'proposer' and 'solver', got extra {sorted(unknown)}")
         return search_fn.get("proposer"), search_fn.get("solver")
     return search_fn, search_fn
-
-
-def validate(props: list[Trajectory], engine: Any, judge: Judge, cfg: GameConfig,
-             rng: random.Random | Callable[[int], random.Random], max_info_tokens: int = 512, search: Any = None,
-             topk: int = 3) -> tuple[list[str | None], dict[int, bool | None]]:
-    """Per proposer trajectory, the reason it is invalid (None = valid), and the RAG verdicts.
-
-    The question is the rollout's final <question> action (parsed by inference/parser.py);
-    a trajectory that stopped any other way has none. rng: candidate i's random stream for its RAG check,
-    rng(i) (play_round gives each its own, as the pipeline does), or one stream for all. search, topk: the solver's.
-    """
-    fcfg = cfg.filter_config()
-    reasons: list[str | None] = []
-    for t in props:
-        q = t.question if t.stop_reason == "question" else None
-        reasons.append(check_question(q, t.answer, t.queries, t.docs,
-                                      t.meta.search_turns, fcfg))
-    survivors = [i for i, why in enumerate(reasons) if why is None]
-    refused, verdict = check_questions(survivors, props, engine, judge, cfg, rng, max_info_tokens,
-                                       question_searcher(cfg, search), topk)
-    unavailable = sum(v is None for v in verdict.values())
-    if unavailable:
-        # SSP lets a question through when its RAG check errors; the count is in the stats, and
-        # mark_excluded leaves those proposer groups out of the loss (their validity is unknown).
-        log.warning("RAG check undecided for %d questions (verifier or judge failed); they pass unchecked "
-                    "and their proposer groups are left out of the loss", unavailable)
-    for i, why in refused.items():
-        reasons[i] = why
-    return reasons, verdict
 
 
 def score(props: list[Trajectory], reasons: list[str | None], sols: list[Trajectory], judge: Judge,

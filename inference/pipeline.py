@@ -105,6 +105,13 @@ def solver_requests(tok: Any, slot: int, q: dict, cfg: Any, rollout_cfg: Rollout
                            index=slot * cfg.solver_n + k) for k in range(cfg.solver_n)]
 
 
+def filter_reason(t: Trajectory, cfg: Any) -> str | None:
+    """An ended proposer's cheap-filter reason (None: its question goes on to the question checks). The question is
+    the rollout's final <question> action (inference/parser.py); a trajectory that stopped any other way has none."""
+    q = t.question if t.stop_reason == "question" else None
+    return check_question(q, t.answer, t.queries, t.docs, t.meta.search_turns, cfg.filter_config())
+
+
 def judge_item(t: Trajectory) -> JudgeItem:
     return JudgeItem(t.question, t.answer, extract_answer(t.response_text))
 
@@ -191,8 +198,7 @@ class RoundPipeline:
     def _proposer_done(self, s: Any) -> None:
         i = s.index
         t = self.props[i] = to_trajectory(s, self.tok)
-        q = t.question if t.stop_reason == "question" else None
-        why = check_question(q, t.answer, t.queries, t.docs, t.meta.search_turns, self.cfg.filter_config())
+        why = filter_reason(t, self.cfg)
         if why is None and self.q_search is not None:   # one search of the question, on the first rank
             topk = self.sol_rcfg.topk
             self.loop.call(lambda: search_questions([t.question], [t.answer], self.q_search, topk),

@@ -2,8 +2,9 @@
 returned, shuffled with other trajectories' as distractors? SSP asks a judge LLM (rag_prompt: documents cut to
 GameConfig.rag_max_doc_chars); the policy verifier instead reads the solver's own prompt with search turns that
 return exactly what the proposer's searches showed, cut to --max_info_tokens as a rollout cuts them (solver_view),
-so it sees no more than a solver that searched well would (issue 31). inference/game.py's validate() calls
-check_questions on the questions the cheap filters let through.
+so it sees no more than a solver that searched well would (issue 31). The round's pipeline (inference/pipeline.py,
+RoundPipeline) makes these checks on each question the cheap filters let through, as its proposer ends, with the
+pieces below: search_questions and searched_verdict, then pick_distractors, rag_request, rag_reply and rag_graded.
 
 A small policy can neither be trusted to pass nor to refuse (issue 41: the 135M verifier refused 40-47% of rollouts),
 so the retrieval check asks no model: a question is answerable when one search of the question itself, with the
@@ -16,13 +17,11 @@ import logging
 import random
 from typing import Any, Callable, Protocol, Sequence
 
-from inference.engine_api import SamplingConfig, TokenGenerator
+from inference.engine_api import SamplingConfig
 from inference.game_metrics import one_search_answerable
-from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt, doc_title, format_docs
 from inference.rewards import extract_answer
 from inference.rollout import info_block_tokens
-from inference.step_loop import first_rank_value
 from inference.trajectory import Trajectory
 from utils.text import exact_match
 
@@ -186,7 +185,7 @@ def solver_view(tok: Any, question: str, own: list[tuple[str, list[dict]]], dist
         del order[others[-1]]
 
 def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: random.Random,
-                     rows: Sequence[int] | None = None) -> list[int] | None:
+                     rows: Sequence[int]) -> list[int] | None:
     """Up to k distractor trajectories for candidate i: trajectories of *other* proposer prompts (meta.row) that
     found documents, drawn uniformly without replacement. The G_p samples of one prompt search around the same
     answer, so their documents would help.
@@ -194,10 +193,9 @@ def pick_distractors(i: int, props: Sequence[Trajectory | None], k: int, rng: ra
     props[j] is None while trajectory j is still running (the game's pipeline, inference/pipeline.py): the
     others are shuffled with `rng` and scanned in that order, keeping those with documents, so the draw is the
     same whenever the others end. None = a trajectory the scan needs is still running; ask again later.
-    rows[j]: trajectory j's prompt row, known before it ends (the pipeline passes its requests' rows): a
-    still-running sibling of candidate i must be left out of the draw as a check of ended trajectories (validate)
-    leaves it out, or the shuffle, hence the pick, differs. None = read off props, which must then all have ended."""
-    rows = [t.meta.row for t in props] if rows is None else rows
+    rows[j]: trajectory j's prompt row, known before it ends (the pipeline passes its requests' rows), so a
+    still-running sibling of candidate i is left out of the draw as an ended one is, and the shuffle, hence the
+    pick, is the same whenever the siblings end."""
     others = [j for j in range(len(props)) if j != i and rows[j] != rows[i]]
     rng.shuffle(others)
     picked: list[int] = []
@@ -246,72 +244,3 @@ def rag_graded(result: Any) -> bool | None:
 def rag_rng(seed: int, tag: Any, i: int) -> random.Random:
     """Candidate i's own random stream (distractors, document order): the same whichever candidate is checked first."""
     return random.Random(f"rag/{seed}/{tag}/{i}")
-
-
-def rag_check(candidates: list[int], props: list[Trajectory], engine: TokenGenerator, judge: Judge, cfg: RagSettings,
-              rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int = 512) -> dict[int, bool | None]:
-    """RAG verdict per candidate proposer index: True pass, False fail, None when it could not be decided
-    (the verifier gave no reply, or the judge failed on a non-exact-match answer). Every candidate at once: game.validate
-    (the round's pipeline checks each as it ends, with the same pieces and the same draws).
-
-    The judge reads SSP's RAG prompt (rag_prompt: documents cut to rag_max_doc_chars); the policy reads
-    exactly what a solver's searches would have shown it (solver_view, blocks cut to max_info_tokens).
-    """
-    if not candidates:
-        return {}
-    if isinstance(rng_for, random.Random):  # one stream for every candidate
-        one = rng_for
-        rng_for = lambda _i: one  # noqa: E731
-    tok = getattr(engine, "tokenizer", None)  # the judge verifier needs no engine
-    limit = int(getattr(engine, "max_model_len", 4096)) - cfg.rag_max_tokens
-    asks = []
-    for i in candidates:
-        rng = rng_for(i)
-        asks.append(rag_request(i, pick_distractors(i, props, cfg.rag_distractors, rng), props, tok, cfg, rng,
-                                max_info_tokens, limit))
-    if rag_reader(cfg.rag_verify) == "policy":
-        replies: list[str | None] = [o.text for o in engine.generate(asks, rag_sampling(cfg))]
-    else:
-        replies = judge.chat_many(asks, max_tokens=cfg.rag_max_tokens)
-    # Replies pair with candidates by position: a stale extra output (an engine holding earlier requests) or a
-    # missing one would give candidates other questions' verdicts.
-    if len(replies) != len(candidates):
-        raise RuntimeError(f"the {cfg.rag_verify} verifier returned {len(replies)} replies for {len(candidates)} "
-                           f"RAG candidates: replies cannot be paired with candidates")
-
-    verdict: dict[int, bool | None] = {}
-    ask = []
-    for i, reply in zip(candidates, replies):
-        v = rag_reply(props[i], reply)
-        if isinstance(v, str):
-            ask.append((i, v))
-        else:
-            verdict[i] = v
-    results = judge.judge_many([JudgeItem(props[i].question, props[i].answer, p) for i, p in ask])
-    for (i, _), res in zip(ask, results):
-        verdict[i] = rag_graded(res)
-    return verdict
-
-
-def check_questions(candidates: list[int], props: list[Trajectory], engine: Any, judge: Judge, cfg: RagSettings,
-                    rng_for: Callable[[int], random.Random] | random.Random, max_info_tokens: int, search: Any,
-                    topk: int) -> tuple[dict[int, str], dict[int, bool | None]]:
-    """The checks after the cheap filters, every candidate at once (game.validate, on hand-made trajectories; the
-    round's pipeline makes the same per candidate): one search of each question (shortcut_title, the retrieval verdict) on the lockstep group's
-    first rank, then the reader (policy or judge) on those it neither refused nor failed. Returns the refusals'
-    reasons and the verdicts of the candidates not refused as shortcuts. search: game.question_searcher's."""
-    pre = {i: True for i in candidates}
-    refused: dict[int, str] = {}
-    if search is not None and candidates:
-        got = first_rank_value(engine, lambda: search_questions(
-            [props[i].question for i in candidates], [props[i].answer for i in candidates], search, topk))
-        for k, i in enumerate(candidates):
-            why, pre[i] = searched_verdict(props[i], None if got is None else got[k], cfg)
-            if why is not None:
-                refused[i] = why
-                del pre[i]
-    asked = [i for i in pre if pre[i] is not False]
-    read = rag_check(asked, props, engine, judge, cfg, rng_for, max_info_tokens) if rag_reader(cfg.rag_verify) else {}
-    verdict = {i: both(v, read.get(i, True)) for i, v in pre.items()}
-    refused.update({i: "rag_failed" for i, v in verdict.items() if v is False})
-    return refused, verdict

@@ -44,7 +44,7 @@ class Outcome:
     judge_failed: bool = False         # the judge call failed, so `correct` reads "wrong" for no reason
     spam: bool = False                 # the answer tag was spammed (the reward is divided)
     format_reward: float | None = None  # self-search format reward (inference/self_search.shape_solver_rewards)
-    # proposer: game.score, rag_check, admit_to_pool
+    # proposer: game.score, rag_check.rag_reply, admit_to_pool
     filter_reason: str | None = None   # why its question is invalid (filters.FILTER_REASONS or "rag_failed")
     valid: bool | None = None          # its question passed every check (filter_reason is None)
     rag: bool | None = None            # the RAG verdict: True pass, False fail, None undecided or not checked

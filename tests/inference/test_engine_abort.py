@@ -1,5 +1,6 @@
 """Issue 40, defect 3: abort_all must empty vLLM itself, a refused prefix-cache reset must raise, and the RAG check
-must refuse verifier replies that do not pair one to one with its candidates.
+must refuse verifier replies that do not pair one to one with its candidates (the round's check: the policy's outputs
+are paired with its prompts by the engine's stepper, the judge's replies with its chats by the pipeline).
 
 abort_all used to pass LLM.enqueue's ids (vLLM's internal ids) to abort_request as external ids: vLLM found none and
 aborted none, the next generate() returned the leftovers as well, and the prefix-cache reset after a weight sync
@@ -7,14 +8,14 @@ then failed silently (KV of the old weights reused)."""
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
-from inference.engine_api import GenOutput, SamplingConfig
-from inference.game import GameConfig, rag_check
+from inference.data import ProposerRow
+from inference.engine_api import SamplingConfig, per_prompt_sampling
+from inference.game import GameConfig, play_round
 from inference.judge import Judge
-from inference.trajectory import GameMeta, Trajectory
+from inference.rollout import RolloutConfig
+from tests.scripted_policy import LINCOLN, ScriptedPolicy, is_rag_check
 
 LONG = SamplingConfig(temperature=0.0, max_tokens=256, min_tokens=256)   # min_tokens bans EOS: none ends early
 
@@ -69,31 +70,31 @@ def test_generate_refuses_to_hand_back_leftover_requests(vllm_engine):
 
 # ---- the RAG check pairs each reply with its candidate: counts must agree (no vLLM needed) -----------------------
 
-def _proposer(row: int) -> Trajectory:
-    docs = [[{"id": f"d{row}", "contents": f"Doc {row}\nParis lies on the Seine ({row})."}]]
-    return Trajectory("proposer", f"s0-p{row}", [1, 2], [0, 1], [0.0, -1.0], question="Which city lies on the Seine?",
-                      answer="Paris", stop_reason="question", num_searches=1, queries=["Seine city"], docs=docs,
-                      meta=GameMeta(search_turns=1, row=row))
+ROWS = [ProposerRow(LINCOLN, 2), ProposerRow("Algeria", 2)]   # two Lincoln candidates; Algeria's are filtered out
+RCFG = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=64, topk=2)
 
 
-class WrongCountEngine:
-    """A policy verifier that returns `extra` more (or fewer) outputs than it was asked for."""
+class WrongCountReader(ScriptedPolicy):
+    """The scripted policy, returning `extra` more (or fewer) outputs for a batch that holds a RAG-check prompt."""
 
     def __init__(self, tok, extra: int):
-        self.tokenizer, self.max_model_len, self.extra = tok, 4096, extra
+        super().__init__(tok)
+        self.extra = extra
 
     def generate(self, prompts, sampling):
-        text = "<answer> Paris </answer>"
-        return [GenOutput([1], [-1.0], text, "stop", "</answer>") for _ in range(len(prompts) + self.extra)]
+        outs = super().generate(prompts, sampling)
+        if any(is_rag_check(s) for s in per_prompt_sampling(sampling, len(prompts))):
+            outs = outs[:len(outs) + self.extra] if self.extra < 0 else outs + outs[:1] * self.extra
+        return outs
 
 
 class WrongCountJudge(Judge):
     def __init__(self, extra: int):
-        super().__init__()
+        super().__init__("http://127.0.0.1:9", model="m")   # never called: the solvers' answers match exactly
         self.extra = extra
 
     def chat_many(self, messages, max_tokens=64, temperature=0.0):
-        return ["<answer> Paris </answer>"] * (len(messages) + self.extra)
+        return ["<answer> Lincoln </answer>"] * (len(messages) + self.extra)
 
 
 @pytest.fixture(scope="module")
@@ -104,22 +105,22 @@ def tok(smollm2_dir):
 
 
 @pytest.mark.parametrize("extra", [1, -1])
-def test_rag_check_policy_refuses_a_reply_count_that_differs(tok, extra):
-    props = [_proposer(0), _proposer(1), _proposer(2)]
-    cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
-    with pytest.raises(RuntimeError, match="replies for 2 RAG candidates"):
-        rag_check([0, 2], props, WrongCountEngine(tok, extra), Judge(), cfg, random.Random(0), max_info_tokens=64)
+def test_rag_check_policy_refuses_a_reply_count_that_differs(tok, bm25, extra):
+    cfg = GameConfig(proposer_n=2, solver_n=1, rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
+    with pytest.raises(RuntimeError, match="outputs for"):
+        play_round(WrongCountReader(tok, extra), ROWS, bm25.search, Judge(), cfg, RCFG)
     # the right count still passes
-    assert rag_check([0, 2], props, WrongCountEngine(tok, 0), Judge(), cfg, random.Random(0),
-                     max_info_tokens=64) == {0: True, 2: True}
+    res = play_round(WrongCountReader(tok, 0), ROWS, bm25.search, Judge(), cfg, RCFG)
+    assert [t.outcome.rag for t in res.trajectories if t.role == "proposer"] == [True, True, None, None]
 
 
 @pytest.mark.parametrize("extra", [1, -1])
-def test_rag_check_judge_refuses_a_reply_count_that_differs(extra):
-    props = [_proposer(0), _proposer(1), _proposer(2)]
-    cfg = GameConfig(rag_verify="judge", rag_distractors=1, rag_max_tokens=16)
-    with pytest.raises(RuntimeError, match="replies for 2 RAG candidates"):
-        rag_check([0, 2], props, None, WrongCountJudge(extra), cfg, random.Random(0))
+def test_rag_check_judge_refuses_a_reply_count_that_differs(tok, bm25, extra):
+    cfg = GameConfig(proposer_n=2, solver_n=1, rag_verify="judge", rag_distractors=1, rag_max_tokens=16)
+    with pytest.raises(RuntimeError, match="replies for 2 RAG prompts"):
+        play_round(ScriptedPolicy(tok), ROWS, bm25.search, WrongCountJudge(extra), cfg, RCFG)
+    res = play_round(ScriptedPolicy(tok), ROWS, bm25.search, WrongCountJudge(0), cfg, RCFG)
+    assert [t.outcome.rag for t in res.trajectories if t.role == "proposer"] == [True, True, None, None]
 
 
 class _BrokenJudge(Judge):
@@ -135,10 +136,6 @@ def test_an_error_mid_round_leaves_vllm_itself_empty(vllm_engine, bm25):
     """Issue 40 (7): the pipeline's error test ran on GenerateStepper, where nothing is in flight when the error is
     raised; here real vLLM requests are: the round's error must leave vLLM's own count at 0, and the next sync's
     prefix-cache reset must succeed."""
-    from inference.data import ProposerRow
-    from inference.game import play_round
-    from inference.rollout import RolloutConfig
-
     rows = [ProposerRow("Paris", 1)]
     qa = [{"question": f"What is the capital of country number {k}?", "answer": "x"} for k in range(3)]
     cfg = GameConfig(proposer_n=2, solver_n=4, rag_verify="off", min_searches=1, seed=1)

@@ -136,7 +136,7 @@ CALLERS = [  # (file, receivers bound to an engine there, the protocol they are 
     ("inference/pipeline.py", {"engine", "self.engine"}, TokenGenerator),
     # inference/game.py only hands the engine on to the pipeline (it touched it for the staged round, gone in issue 43)
     ("inference/evaluate.py", {"engine"}, TokenGenerator),
-    ("inference/rag_check.py", {"engine"}, TokenGenerator),
+    # inference/rag_check.py builds the verifier's prompt; the pipeline hands it to the engine (issue 43)
     ("inference/simulated_search.py", {"engine", "self.engine"}, TokenGenerator),
 ]
 

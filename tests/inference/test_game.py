@@ -1,9 +1,10 @@
-"""The self-play game: a full round with a real tiny model, and each stage on hand-made trajectories.
+"""The self-play game: a full round with a real tiny model, scripted rounds, and stages on hand-made trajectories.
 
 A tiny random model almost never writes a valid question, so the full round seeds the pool:
 the solver path then runs on pool questions and its trajectories are rewarded. The valid-question
-path (RAG check, proposer reward from its solver group) is driven on hand-made trajectories,
-whose texts are written here as data, with the real retriever's documents.
+path is driven by scripted rounds (tests/scripted_policy.py: both roles from a script on the real tokenizer), which
+make the round's own question checks; the filters and the rewards also on hand-made trajectories, whose texts are
+written here as data, with the real retriever's documents.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from inference.data import ProposerRow
-from inference.engine_api import GenOutput
 from inference.filters import FILTER_REASONS
 from inference.game import (
     EXCLUSION_REASONS,
@@ -27,16 +27,16 @@ from inference.game import (
     _search_fns,
     mark_excluded,
     play_round,
-    rag_check,
     rag_prompt,
     score,
-    validate,
 )
 from inference.game_metrics import round_stats
 from inference.judge import JUDGE_SYSTEM, Judge
+from inference.pipeline import filter_reason
 from inference.rag_check import _flat_docs
-from inference.rollout import INFO_OPEN, RolloutConfig
+from inference.rollout import RolloutConfig
 from inference.trajectory import GameMeta, Outcome, Trajectory
+from tests.scripted_policy import LINCOLN, LINCOLN_QUERIES, ScriptedPolicy
 from utils.text import exact_match
 
 STAT_KEYS = {
@@ -175,12 +175,12 @@ def handmade(bm25):
     ]
 
 
-def test_validate_and_score_valid_path(handmade):
+def test_filters_and_score_valid_path(handmade):
     props = handmade
     cfg = GameConfig(rag_verify="off", solver_n=4, proposer_reward="1-acc")
-    reasons, verdict = validate(props, None, Judge(), cfg, random.Random(0))
+    reasons = [filter_reason(t, cfg) for t in props]   # the round's cheap filters, as each proposer ends
     assert reasons == [None, "answer_in_question", "no_question", None]
-    assert verdict == {0: True, 3: True}
+    verdict = {0: True, 3: True}   # --rag_verify off passes every filtered question (test_nothing_failed_...)
 
     q0, q3 = props[0].question, props[3].question
     sols = [
@@ -231,7 +231,7 @@ def test_valid_questions_whose_answer_is_the_first_searchs_doc1_title_are_counte
     untitled = _proposer(q, "Paris", [[{"id": "x", "contents": "Paris", "score": 1.0}], []], ["Paris city", "France"], 3)
     assert [answer_is_first_title(t) for t in (on_doc1, read_later, second_doc, untitled)] == [True, False, False, False]
     props = [on_doc1, read_later, second_doc, untitled]
-    reasons, _ = validate(props, None, Judge(), GameConfig(rag_verify="off"), random.Random(0))
+    reasons = [filter_reason(t, GameConfig(rag_verify="off")) for t in props]
     assert reasons == [None, None, None, None]   # the filters keep an answer that is no Doc-1 title
     reasons[2] = "too_few_searches"              # only valid questions count
     st = round_stats(props, [], reasons, {}, 0, None)
@@ -259,37 +259,57 @@ def test_rag_prompt_budget_and_distractors(handmade):
     assert len(text) < 1200 and text.count("Doc ") == len(own) + 1
 
 
+# Two rows: the Lincoln proposers' questions pass the filters and are RAG-checked, with the Algeria proposers'
+# searches as distractors; the Algeria proposers ask "Capital?", which the filters refuse, so no check reads it.
+TWO_ROWS = [ProposerRow(LINCOLN, 2), ProposerRow("Algeria", 2)]
+
+
+def _checked_round(engine, judge, cfg, bm25):
+    """A scripted round of TWO_ROWS; its proposers, after the filters' and the checks' counts were checked."""
+    res = play_round(engine, TWO_ROWS, bm25.search, judge, cfg, SCRIPT_ROLLOUT, step=0)
+    props = [t for t in res.trajectories if t.role == "proposer"]
+    assert [t.outcome.filter_reason for t in props[2:]] == ["too_short", "too_short"]
+    assert all(t.outcome.rag is None and t.outcome.rag_answer is None for t in props[2:])   # never checked
+    assert res.stats["game/rag_checked"] + res.stats["game/rag_unavailable"] == 2   # a verdict for each candidate
+    return res, props[:2]
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_rag_check_policy_verifier(vllm_engine, handmade):
-    cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
-    verdict = rag_check([0, 3], handmade, vllm_engine, Judge(), cfg, random.Random(0))
-    assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
-    for i in (0, 3):
-        ans = handmade[i].outcome.rag_answer
+def test_rag_check_policy_verifier(vllm_engine, bm25):
+    """The tiny model reads the RAG prompts (the scripted policy plays the rollouts, on the model's tokenizer)."""
+    cfg = GameConfig(proposer_n=2, solver_n=1, rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
+    engine = ScriptedPolicy(vllm_engine.tokenizer, reader=vllm_engine)
+    _, checked = _checked_round(engine, Judge(), cfg, bm25)
+    assert [role for _, role, _ in engine.log].count("rag_check") == 2   # the model read them, not the script
+    assert all(isinstance(t.outcome.rag, bool) for t in checked)
+    for t in checked:
+        ans = t.outcome.rag_answer
         assert isinstance(ans, str)
         # the verdict is exact match for an EM-only judge
-        assert verdict[i] == bool(exact_match(ans, handmade[i].answer))
+        assert t.outcome.rag == bool(exact_match(ans, t.answer))
+        assert t.outcome.filter_reason == (None if t.outcome.rag else "rag_failed")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_rag_check_judge_verifier_real_server(judge_server, handmade):
+def test_rag_check_judge_verifier_real_server(judge_server, tokenizer, bm25):
     judge = Judge(judge_server, model="judge", max_concurrency=2)
-    cfg = GameConfig(rag_verify="judge", rag_distractors=1, rag_max_tokens=16, rag_max_context_chars=2000)
-    verdict = rag_check([0, 3], handmade, None, judge, cfg, random.Random(0))
-    assert set(verdict) == {0, 3} and all(isinstance(v, bool) for v in verdict.values())
-    assert all(isinstance(handmade[i].outcome.rag_answer, str) for i in (0, 3))
+    cfg = GameConfig(proposer_n=2, solver_n=1, rag_verify="judge", rag_distractors=1, rag_max_tokens=16,
+                     rag_max_context_chars=2000)
+    _, checked = _checked_round(ScriptedPolicy(tokenizer), judge, cfg, bm25)
+    assert all(isinstance(t.outcome.rag, bool) for t in checked)
+    assert all(isinstance(t.outcome.rag_answer, str) for t in checked)
     assert judge.stats["failures"] == 0 and judge.stats["calls"] >= 2
 
 
-@pytest.mark.timeout(60)
-def test_rag_check_judge_down_passes_unchecked(dead_url, handmade):
+@pytest.mark.timeout(120)
+def test_rag_check_judge_down_passes_unchecked(tokenizer, bm25, dead_url):
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
-    cfg = GameConfig(rag_verify="judge")
-    reasons, verdict = validate(handmade, None, judge, cfg, random.Random(0))
-    assert verdict == {0: None, 3: None}
-    assert reasons == [None, "answer_in_question", "no_question", None]
+    cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="judge", rag_distractors=1)
+    res, checked = _checked_round(ScriptedPolicy(tokenizer), judge, cfg, bm25)
+    assert all(t.outcome.rag is None and t.outcome.valid for t in checked)   # undecided, and so passed
+    assert res.stats["game/rag_unavailable"] == 2
 
 
 def test_pool_bounded_dedup_serialisable():
@@ -323,31 +343,8 @@ def test_config_and_argument_errors():
 
 # ---- failures are left out of the loss, never scored ------------------------------------------------
 
-Q_LINCOLN = "Which American president was shot at a theatre in Washington in April of 1865?"
-
-
-class Scripted:
-    """Plays both roles from a script on the real tokenizer: the proposer searches twice, then asks
-    Q_LINCOLN; the solver searches once, then answers `solver_answer`."""
-
-    def __init__(self, tokenizer, solver_answer, question=Q_LINCOLN):
-        self.tokenizer, self.max_model_len, self.solver_answer, self.question = tokenizer, 4096, solver_answer, question
-
-    def generate(self, prompts, sampling):
-        outs = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            k = text.count(INFO_OPEN)
-            if "You set puzzles" in text:
-                reply = ["<search> Abraham Lincoln president </search>",
-                         "<search> Lincoln assassination theatre </search>", f"<question> {self.question} </question>"][k]
-            else:
-                reply = "<search> Lincoln </search>" if k == 0 else f"<answer> {self.solver_answer} </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
-        return outs
-
-
+# tests/scripted_policy.py plays both roles: the proposer searches LINCOLN_QUERIES, then asks its question; the
+# solver searches once, then answers what it is told to.
 SCRIPT_ROLLOUT = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2)
 ROW = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
 
@@ -361,7 +358,7 @@ def tokenizer(smollm2_dir):
 
 def _round(tokenizer, answer, search, judge, rag="off"):
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify=rag, rag_distractors=0)
-    res = play_round(Scripted(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
+    res = play_round(ScriptedPolicy(tokenizer, answer), ROW, search, judge, cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
     assert len(props) == 2 and all(t.outcome.valid for t in props) and len(sols) == 4   # 1 + 2 groups
@@ -387,6 +384,7 @@ def test_nothing_failed_nothing_left_out(tokenizer, bm25, dead_url):
     judge = Judge(dead_url, model="judge", retries=0, timeout_s=2.0)
     res, props, sols = _round(tokenizer, "Abraham Lincoln", bm25.search, judge)
     assert all(t.outcome.excluded is None for t in res.trajectories) and res.stats["judge/failures"] == 0
+    assert [t.outcome.rag for t in props] == [True, True]   # --rag_verify off passes every filtered question
     assert (res.stats["game/groups"], res.stats["game/excluded_groups"]) == (3, 0)
     assert [t.reward for t in props] == [0.0, 0.0] and all(t.reward == 1.0 for t in sols)
 
@@ -400,7 +398,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
 
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0,
                      self_search_format_reward=True)
-    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
+    res = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
     assert len(sols) == 4 and all(t.outcome.correct and t.outcome.format_reward == 0.0 for t in sols)
@@ -408,7 +406,7 @@ def test_the_game_shapes_self_search_rewards_after_its_stats(tokenizer, bm25):
     assert [t.reward for t in props] == [0.0, 0.0] and all(t.outcome.format_reward is None for t in props)
     assert res.stats["solver/reward_mean"] == 1.0
     assert {k: res.stats[k] for k in signal_counts(sols)} == signal_counts(sols)
-    plain = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
+    plain = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(),
                        GameConfig(proposer_n=2, solver_n=2, rag_verify="off", rag_distractors=0),
                        SCRIPT_ROLLOUT, step=0)
     assert all(t.reward == 1.0 and t.outcome.format_reward is None for t in plain.trajectories if t.role == "solver")
@@ -429,7 +427,7 @@ def test_search_outage_leaves_groups_out(tokenizer, bm25):
     # the outage, so the proposer group is left out; the solvers of pool questions still train
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off")
     pool = QuestionPool.from_list(SEED_POOL, seed=0)
-    res = play_round(Scripted(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
+    res = play_round(ScriptedPolicy(tokenizer, "Algiers"), ROW, {"proposer": down, "solver": bm25.search}, Judge(), cfg,
                      SCRIPT_ROLLOUT, pool=pool, step=0)
     props = [t for t in res.trajectories if t.role == "proposer"]
     sols = [t for t in res.trajectories if t.role == "solver"]
@@ -468,20 +466,22 @@ class _RagServer(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
 
-@pytest.mark.timeout(60)
-def test_rag_check_judge_failing_on_a_non_exact_answer_is_undecided(handmade):
+@pytest.mark.timeout(120)
+def test_rag_check_judge_failing_on_a_non_exact_answer_is_undecided(tokenizer, bm25):
     # Before, a judge that failed on a non-EM RAG answer made it "wrong": rag_failed, the invalid penalty.
+    # The solvers answer "Lincoln" (exact): the judge is asked to grade the two RAG answers only.
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _RagServer)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         judge = Judge(f"http://127.0.0.1:{srv.server_address[1]}", model="judge", retries=0, backoff_s=0.0)
-        reasons, verdict = validate(handmade, None, judge, GameConfig(rag_verify="judge"), random.Random(0))
+        cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="judge", rag_distractors=1)
+        res, checked = _checked_round(ScriptedPolicy(tokenizer), judge, cfg, bm25)
     finally:
         srv.shutdown()
         srv.server_close()
-    assert verdict == {0: None, 3: None} and judge.stats["failures"] == 2
-    assert reasons == [None, "answer_in_question", "no_question", None]
-    assert all(handmade[i].outcome.rag_answer == "Grant" for i in (0, 3))
+    assert all(t.outcome.rag is None and t.outcome.valid for t in checked) and judge.stats["failures"] == 2
+    assert res.stats["game/rag_unavailable"] == 2
+    assert all(t.outcome.rag_answer == "Grant" for t in checked)
 
 
 def test_mark_excluded_groups_and_precedence():
@@ -517,12 +517,12 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
 
     pool = QuestionPool(8, seed=0)
     cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off")
-    res = play_round(Scripted(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+    res = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                      pool=pool, step=0)
     prop = next(t for t in res.trajectories if t.role == "proposer")
     assert prop.outcome.valid
     qcp = qcp_of(prop)
-    assert qcp["queries"] == ["Abraham Lincoln president", "Lincoln assassination theatre"]
+    assert qcp["queries"] == LINCOLN_QUERIES
     assert [[d["id"] for d in call] for call in qcp["docs"]] == [[str(d["id"]) for d in call] for call in prop.docs]
     assert all(len(d["contents"]) <= QCP_DOC_CHARS for call in qcp["docs"] for d in call) and qcp["docs"][0]
     for t in (t for t in res.trajectories if t.role == "solver"):
@@ -531,7 +531,7 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
     back = QuestionPool.from_list(torch.load(tmp_path / "state.pt", weights_only=True)["pool"], 8)
     assert back.to_list() == pool.to_list() and back.to_list()[0]["qcp"] == qcp
     # a round whose question is invalid (it names its own answer) refills from the pool
-    leaky = Scripted(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
+    leaky = ScriptedPolicy(tokenizer, "Abraham Lincoln", question="Which president was shot at Ford's Theatre in 1865 in Washington?")
     res2 = play_round(leaky, [ProposerRow(["Ford's Theatre"], 2)], bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                       pool=back, step=1)
     assert next(t for t in res2.trajectories if t.role == "proposer").outcome.filter_reason == "answer_in_question"
@@ -551,7 +551,7 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
     def play(answer, **window):
         pool = QuestionPool(8, seed=0)
         cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off", **window)
-        res = play_round(Scripted(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
+        res = play_round(ScriptedPolicy(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                          pool=pool, step=3)
         props = [t for t in res.trajectories if t.role == "proposer"]
         assert [t.outcome.valid for t in props] == [True, False]

@@ -18,6 +18,7 @@ from inference.data import ProposerRow
 from inference.game import GameConfig, play_round
 from inference.judge import Judge, JudgeResult
 from inference.rollout import RolloutConfig
+from tests.scripted_policy import ScriptedPolicy
 from utils.text import exact_match
 
 CHAT = [{"role": "user", "content": "Who wrote Hamlet?"}]
@@ -106,10 +107,10 @@ def test_calls_one_after_another_under_a_hanging_judge_cost_one_wave(hang):
 # ---- the pipeline: a whole round under the hanging judge ----------------------------------------------
 
 def _scripted_round(tokenizer, bm25, judge, rag, proposer_n=6, answer="Grant"):
-    from tests.inference.test_game import ROW, SCRIPT_ROLLOUT, Scripted
+    from tests.inference.test_game import ROW, SCRIPT_ROLLOUT
 
     cfg = GameConfig(proposer_n=proposer_n, solver_n=2, rag_verify=rag, rag_distractors=0)
-    return play_round(Scripted(tokenizer, answer), ROW, bm25.search, judge, cfg, SCRIPT_ROLLOUT, step=0)
+    return play_round(ScriptedPolicy(tokenizer, answer), ROW, bm25.search, judge, cfg, SCRIPT_ROLLOUT, step=0)
 
 
 @pytest.mark.timeout(300)
@@ -169,8 +170,6 @@ class RagJudge(Judge):
 
 
 def _two_rows(tokenizer, bm25, judge, schedule):
-    from tests.inference.test_pipeline import ScriptedPolicy
-
     rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2), ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
     cfg = GameConfig(proposer_n=4, solver_n=2, rag_verify="judge", rag_distractors=1, min_searches=2, seed=5)
     rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=2, seed=3, schedule=schedule)

@@ -12,30 +12,28 @@ lockstep group's first rank.
 
 from __future__ import annotations
 
-import re
 import threading
 
 import pytest
 
 from inference.data import ArticleRows, ProposerRow, mix_search_turns
-from inference.engine_api import GenOutput
 from inference.filters import FILTER_REASONS, SHORTCUT_REASONS
-from inference.game import GameConfig, play_round, score, validate
+from inference.game import GameConfig, play_round, question_searcher, score
 from inference.judge import Judge
+from inference.pipeline import filter_reason
 from inference.rag_check import search_questions, searched_verdict
-from inference.rollout import INFO_OPEN, RolloutConfig
+from inference.rollout import RolloutConfig
 from inference.trajectory import GameMeta, Trajectory
 from tests.inference.test_pipeline import _same_round
+from tests.scripted_policy import LINCOLN, LINCOLN_QUERIES, Q_LINCOLN, READ_TITLE, ScriptedPolicy
 from utils.errors import InputError
 
 pytestmark = pytest.mark.timeout(600)
 
-LINCOLN = ["Abraham Lincoln", "Lincoln"]
 # answer -> (the proposer's two queries, its question); against the 300-document BM25 index of tests' conftest:
 SCRIPT = {
     # its question's top-1 result is "Abraham Lincoln" (a title shortcut) and it searched "Lincoln" (a query one)
-    "Abraham Lincoln": (["Lincoln president", "Lincoln theatre"],
-                        "Which American president was shot at a theatre in Washington in April of 1865?"),
+    "Abraham Lincoln": (LINCOLN_QUERIES, Q_LINCOLN),
     # top-1 "Algerian War", whose text names Algeria: retrievable, no shortcut
     "Algeria": (["North Africa country", "war of independence France"],
                 "Which North African country won a war of independence against France in 1962?"),
@@ -46,31 +44,11 @@ SCRIPT = {
 ROWS = [ProposerRow(LINCOLN, 2), ProposerRow("Algeria", 2), ProposerRow("Abuja", 2)]
 
 
-class LeverPolicy:
+def lever_policy(tokenizer):
     """Plays from SCRIPT: a proposer searches its two queries, then asks its question. A solver searches "Lincoln",
     then answers the title of Doc 1 of the first block it read; so does the policy's RAG check, whose draws thus
     show in its verdict."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.max_model_len = tokenizer, 4096
-
-    def generate(self, prompts, sampling):
-        outs = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            k = text.count(INFO_OPEN)
-            if "You set puzzles" in text:
-                head = text.split(INFO_OPEN)[0]
-                queries, question = next(v for a, v in SCRIPT.items() if a in head)
-                reply = f"<search> {queries[k]} </search>" if k < 2 else f"<question> {question} </question>"
-            elif k == 0:
-                reply = "<search> Lincoln </search>"
-            else:
-                title = re.search(r"Doc 1 \(Title: ([^)]*)\)", text[text.find(INFO_OPEN):])
-                reply = f"<answer> {title.group(1) if title else 'none'} </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
-        return outs
+    return ScriptedPolicy(tokenizer, solver_answer=READ_TITLE, proposers=SCRIPT)
 
 
 class Counted:
@@ -125,7 +103,7 @@ def test_both_schedules_make_the_same_checks_once_per_question(tokenizer, bm25, 
     played, asked = [], []
     for schedule in ("turn", "trajectory"):
         search = Counted(bm25.search)
-        played.append(_round(LeverPolicy(tokenizer), search, rag, shortcut, schedule))
+        played.append(_round(lever_policy(tokenizer), search, rag, shortcut, schedule))
         asked.append(search)
     _same_round(*played)
     props = [t for t in played[1].trajectories if t.role == "proposer"]
@@ -149,7 +127,7 @@ def test_both_schedules_make_the_same_checks_once_per_question(tokenizer, bm25, 
 
 def test_the_policy_is_not_asked_about_a_question_retrieval_refused(tokenizer, bm25, no_probe):
     """policy+retrieval: Abuja's question fails its search, so the policy never reads it (no RAG answer recorded)."""
-    res = _round(LeverPolicy(tokenizer), Counted(bm25.search), "policy+retrieval", "off", "trajectory")
+    res = _round(lever_policy(tokenizer), Counted(bm25.search), "policy+retrieval", "off", "trajectory")
     props = [t for t in res.trajectories if t.role == "proposer"]
     assert [t.outcome.rag_answer is not None for t in props] == [True, True, True, True, False, False]
 
@@ -161,7 +139,7 @@ def test_a_failed_question_search_decides_nothing(tokenizer, bm25, no_probe):
         def uncounted(self, queries, topk):
             raise ConnectionError("retriever down")
 
-    played = [_round(LeverPolicy(tokenizer), Down(bm25.search), "retrieval", "title", s)
+    played = [_round(lever_policy(tokenizer), Down(bm25.search), "retrieval", "title", s)
               for s in ("turn", "trajectory")]
     _same_round(*played)
     props = [t for t in played[1].trajectories if t.role == "proposer"]
@@ -173,7 +151,7 @@ def test_the_question_search_runs_on_the_first_rank_only(tokenizer, bm25, no_pro
     from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
 
     group = ThreadGroup()
-    ranks = [GroupRank(LeverPolicy(tokenizer), group, r) for r in (0, 1)]
+    ranks = [GroupRank(lever_policy(tokenizer), group, r) for r in (0, 1)]
     searches = [Counted(bm25.search), Counted(bm25.search)]
     out = [None, None]
 
@@ -239,15 +217,17 @@ def test_a_shortcut_refusal_scores_zero_every_other_the_format_penalty():
         {r: 0.0 if r in ("shortcut_queries", "shortcut_title") else -1.0 for r in reasons}
 
 
-def test_validate_with_retrieval_needs_the_solvers_search():
-    """The staged checks take the solver's back-end: without one, the retrieval check is refused, not skipped."""
-    props = [_traj("Which city on the Seine is the capital of France and its largest city?", "Paris")]
+def test_the_retrieval_check_needs_the_solvers_search():
+    """The question checks take the solver's back-end (game.question_searcher, as play_round builds them): without
+    one, the retrieval check is refused, not skipped; with one, a question whose search finds its answer passes."""
+    t = _traj("Which city on the Seine is the capital of France and its largest city?", "Paris")
+    cfg = GameConfig(rag_verify="retrieval")
     with pytest.raises(ValueError, match="--solver_search retriever"):
-        validate(props, None, Judge(), GameConfig(rag_verify="retrieval"), lambda i: None)
+        question_searcher(cfg, None)
     found = [[{"id": "1", "contents": "Paris\nThe capital."}]]
-    reasons, verdict = validate(props, None, Judge(), GameConfig(rag_verify="retrieval"), lambda i: None,
-                                search=lambda qs, k: found * len(qs), topk=1)
-    assert reasons == [None] and verdict == {0: True}
+    search = question_searcher(cfg, lambda qs, k: found * len(qs))
+    assert filter_reason(t, cfg) is None
+    assert searched_verdict(t, search_questions([t.question], [t.answer], search, 1)[0], cfg) == (None, True)
 
 
 # ---- --proposer_seed articles --------------------------------------------------------------------------

@@ -14,18 +14,18 @@ import time
 import pytest
 
 from inference.data import ProposerRow
-from inference.engine_api import GenOutput
+from inference.engine_api import per_prompt_sampling
 from inference.game import GameConfig, QuestionPool, play_round
 from inference.judge import Judge
 from inference.pipeline import FillPlan
 from inference.rollout import INFO_OPEN, RolloutConfig
+from tests.scripted_policy import LINCOLN, Q_LINCOLN, READ_TITLE, SHORT_ALGERIA, ScriptedPolicy, reply_output
 
 pytestmark = pytest.mark.timeout(600)
 
 POOL = [{"question": f"Which country has the capital city number {k} on this list of capitals?", "answer": f"c{k}"}
         for k in range(3)]
-QA = [{"question": "Which American president was shot at a theatre in Washington in April of 1865?",
-       "answer": ["Abraham Lincoln", "Lincoln"]}]
+QA = [{"question": Q_LINCOLN, "answer": LINCOLN}]
 
 
 # ---- FillPlan against its definition -----------------------------------------------------------------
@@ -49,37 +49,7 @@ def test_fill_plan_is_distinct_as_many_as_the_pool_holds_and_known_early():
                 assert fills[i] is order[i]
 
 
-# ---- a scripted policy on the real tokenizer -------------------------------------------------------
-
-class ScriptedPolicy:
-    """Plays both roles from a script (generate() only: the loop drives it through GenerateStepper). A proposer
-    for "Abraham Lincoln" searches twice and asks a valid question; one for "Algeria" searches twice and asks a
-    question too short to pass. A solver searches once and answers "Lincoln" (or "Algiers" when asked about
-    Algeria). Records (time, role) of every prompt it generates for."""
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.max_model_len, self.log = tokenizer, 4096, []
-
-    def generate(self, prompts, sampling):
-        outs = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            k = text.count(INFO_OPEN)
-            if "You set puzzles" in text:
-                lincoln = "Abraham Lincoln" in text
-                self.log.append((time.perf_counter(), "proposer", k))
-                q = ("Which American president was shot at a theatre in Washington in April of 1865?" if lincoln
-                     else "Capital?")
-                reply = [f"<search> {'Lincoln president' if lincoln else 'Algeria'} </search>",
-                         f"<search> {'Lincoln theatre' if lincoln else 'Algeria country'} </search>",
-                         f"<question> {q} </question>"][min(k, 2)]
-            else:
-                self.log.append((time.perf_counter(), "solver", k))
-                reply = "<search> Lincoln </search>" if k == 0 else "<answer> Lincoln </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
-        return outs
-
+# ---- scripted rounds: tests/scripted_policy.py's policy on the real tokenizer ------------------------
 
 class SlowFor:
     """The real retriever, with `delay` seconds on every query that contains `word`."""
@@ -263,29 +233,20 @@ class SiblingsDiffer(ScriptedPolicy):
     and is not a proposer's (a solver, the policy's RAG check) answers the title of the first document it read, so
     which distractors a RAG check drew, and in what order, shows in its verdict and its recorded answer."""
 
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer, solver_answer=READ_TITLE,
+                         proposers={**SHORT_ALGERIA, "Paris": (["Paris", "Paris France city"], "Capital?")})
+
     def generate(self, prompts, sampling):
-        import re
-
-        from inference.engine_api import per_prompt_sampling
-
         outs = []
         for p, s in zip(prompts, per_prompt_sampling(sampling, len(prompts))):
             text = self.tokenizer.decode(p)
             k = text.count(INFO_OPEN)
             if "You set puzzles" in text and "Lincoln" in text and k < 4 and ("slowpoke" in text or (
                     k == 0 and (s.seed or 0) % 2)):
-                reply = f"<search> Lincoln slowpoke {k} </search>"
-            elif "You set puzzles" in text and "Paris" in text and k < 2:
-                reply = ["<search> Paris </search>", "<search> Paris France city </search>"][k]
-            elif "You set puzzles" in text or k == 0:
-                out, = super().generate([p], s)
-                outs.append(out)
-                continue
+                outs.append(reply_output(self.tokenizer, f"<search> Lincoln slowpoke {k} </search>"))
             else:
-                title = re.search(r"Doc 1 \(Title: ([^)]*)\)", text[text.find(INFO_OPEN):])
-                reply = f"<answer> {title.group(1) if title else 'none'} </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
+                outs += super().generate([p], s)
         return outs
 
 

@@ -11,9 +11,10 @@ import random
 import pytest
 
 from inference.engine_api import GenOutput
-from inference.game import GameConfig, rag_check, solver_view
-from inference.judge import Judge
+from inference.game import GameConfig, solver_view
+from inference.judge import Judge, JudgeItem
 from inference.prompts import build_solver_prompt
+from inference.rag_check import pick_distractors, rag_graded, rag_reply, rag_request
 from inference.rollout import INFO_OPEN, RolloutConfig, RolloutRequest, run_rollouts
 from inference.trajectory import GameMeta, Trajectory
 
@@ -79,27 +80,19 @@ def test_distractors_are_shuffled_in_and_dropped_first_when_over_budget(tok, bm2
     assert "<search> Paris Seine </search>" in tok.decode(alone) and "Amazon" not in tok.decode(alone)
 
 
-class Answerer:
-    """Answers the RAG prompt with whatever name follows 'capital' ... in its documents: here, a fixed reply."""
-
-    def __init__(self, tok, reply):
-        self.tokenizer, self.max_model_len, self.reply, self.seen = tok, 1024, reply, []
-
-    def generate(self, prompts, sampling):
-        self.seen += [list(p) for p in prompts]
-        ids = self.tokenizer(self.reply, add_special_tokens=False)["input_ids"]
-        return [GenOutput(ids, [-1.0] * len(ids), self.reply, "stop", "</answer>") for _ in prompts]
-
-
 def test_policy_verdicts_follow_the_reply_and_the_prompt_is_the_solver_view(tok, bm25):
+    """The pieces RoundPipeline makes a policy RAG check of: candidate 0's distractors (pick_distractors), its prompt
+    (rag_request), and the verdict a reply gives (rag_reply; a non-exact answer is the judge's to grade, rag_graded)."""
     props = [_proposer(0, ["Paris Seine", "Olympics 1900"], bm25.search(["Paris Seine", "Olympics 1900"], 3)),
              _proposer(1, ["Amazon river", "Andes"], bm25.search(["Amazon river", "Andes"], 3), "Which river? " * 3)]
     cfg = GameConfig(rag_verify="policy", rag_distractors=1, rag_max_tokens=16)
-    eng = Answerer(tok, "<think> Doc 1 says so. </think>\n<answer> Paris </answer>")
-    verdict = rag_check([0], props, eng, Judge(), cfg, random.Random(0), max_info_tokens=96)
-    assert verdict == {0: True} and props[0].outcome.rag_answer == "Paris"
-    (prompt,) = eng.seen
+    rng = random.Random(0)
+    picked = pick_distractors(0, props, cfg.rag_distractors, rng, [t.meta.row for t in props])
+    prompt = rag_request(0, picked, props, tok, cfg, rng, 96, 1024 - cfg.rag_max_tokens)
+    assert picked == [1]
     assert prompt[:len(build_solver_prompt(tok, Q))] == build_solver_prompt(tok, Q)
     assert "<search> Amazon river </search>" in tok.decode(prompt)    # the other row's searches are the distractors
-    wrong = Answerer(tok, "<answer> Lyon </answer>")
-    assert rag_check([0], props, wrong, Judge(), cfg, random.Random(0), max_info_tokens=96) == {0: False}
+    assert rag_reply(props[0], "<think> Doc 1 says so. </think>\n<answer> Paris </answer>") is True
+    assert props[0].outcome.rag_answer == "Paris"
+    wrong = rag_reply(props[0], "<answer> Lyon </answer>")
+    assert wrong == "Lyon" and rag_graded(Judge().judge_many([JudgeItem(Q, "Paris", wrong)])[0]) is False

@@ -10,7 +10,8 @@ from inference.engine_api import per_prompt_sampling
 from inference.game import GameConfig, play_round
 from inference.judge import Judge
 from inference.rollout import RolloutConfig
-from tests.inference.test_pipeline import ScriptedPolicy, tokenizer  # noqa: F401 - the fixture
+from tests.inference.test_pipeline import tokenizer  # noqa: F401 - the fixture
+from tests.scripted_policy import ScriptedPolicy
 from training.loop.search import TimedSearch
 
 pytestmark = pytest.mark.timeout(300)

@@ -14,10 +14,11 @@ import pytest
 
 from inference.rollout import RolloutConfig, needs_barrier
 from inference.simulated_search import SimulatedSearch
-from tests.inference.test_pipeline import ScriptedPolicy, _same_round, tokenizer  # noqa: F401 - the fixture
+from tests.inference.test_pipeline import _same_round, tokenizer  # noqa: F401 - the fixture
 from tests.inference.test_rollout_schedule import GroupRank, ThreadGroup
 from training.loop.search import TimedSearch
 from tests.json_server import JSONHandler
+from tests.scripted_policy import ScriptedPolicy
 
 pytestmark = pytest.mark.timeout(300)
 

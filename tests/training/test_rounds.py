@@ -26,6 +26,7 @@ from training.loop.rounds import (LAST, MAX, MEAN_WEIGHT, ROUND_SEED_STRIDE, SUM
 # imported before any test patches utils.dist: utils.logging binds utils.dist.is_main when first imported
 from training.loop.trainer import SSPTrainer
 
+from tests.scripted_policy import ScriptedPolicy
 from tests.thread_ranks import ThreadRanks
 
 ROWS = [ProposerRow(answer=f"a{i}", search_turns=2) for i in range(50)]
@@ -168,31 +169,6 @@ def test_the_game_per_slot_holds_over_the_rounds_of_a_step():
     assert not unnamed, sorted(unnamed)
 
 
-class Scripted:
-    """Both roles from a script: the proposer searches twice and asks one question, the solver answers."""
-
-    QUESTION = "Which American president was shot at a theatre in Washington in April of 1865?"
-
-    def __init__(self, tokenizer):
-        self.tokenizer, self.max_model_len = tokenizer, 4096
-
-    def generate(self, prompts, sampling):
-        from inference.engine_api import GenOutput
-        from inference.rollout import INFO_OPEN
-        outs = []
-        for p in prompts:
-            text = self.tokenizer.decode(p)
-            k = text.count(INFO_OPEN)
-            if "You set puzzles" in text:
-                reply = ["<search> Abraham Lincoln </search>", "<search> Lincoln theatre 1865 </search>",
-                         f"<question> {self.QUESTION} </question>"][k]
-            else:
-                reply = "<answer> Abraham Lincoln </answer>"
-            ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"]
-            outs.append(GenOutput(ids, [-1.0] * len(ids), reply, "stop", reply[reply.rfind("</"):]))
-        return outs
-
-
 def test_refill_rounds_get_their_own_group_ids_and_every_stat_merges_by_name(smollm2_dir):
     from transformers import AutoTokenizer
 
@@ -202,7 +178,8 @@ def test_refill_rounds_get_their_own_group_ids_and_every_stat_merges_by_name(smo
     def search(queries, topk):
         return [[{"id": "Lincoln", "contents": "Abraham Lincoln\nLincoln was shot at Ford's Theatre in 1865."}]
                 for _ in queries]
-    engine = Scripted(AutoTokenizer.from_pretrained(smollm2_dir))
+    # both roles from a script: the proposer searches twice and asks one question, the solver answers at once
+    engine = ScriptedPolicy(AutoTokenizer.from_pretrained(smollm2_dir), "Abraham Lincoln", solver_searches=0)
     cfg = GameConfig(proposer_n=2, solver_n=2, rag_verify="off")
     rcfg = RolloutConfig(max_turns=4, max_tokens_per_turn=32, max_info_tokens=128, topk=1, seed=3)
     rows = [ProposerRow(["Abraham Lincoln", "Lincoln"], 2)]
