@@ -85,10 +85,12 @@ class GameConfig:
     searches_at_least_n: bool = False
     """Also require the n searches the prompt asked for (the SSP paper's intent)."""
     # --- RAG check ---
-    rag_verify: str = "off"
+    rag_verify: str = "policy"
     """Who answers the question from the proposer's documents: "judge" (the judge server, as SSP),
-    "policy" (the policy itself, greedy, no search) or "off" (skip the check). Off by default because
-    the default judge is exact match, with no server to answer the check. Also "retrieval", "policy+retrieval"."""
+    "policy" (the policy itself, greedy, no search) or "off" (skip the check). Also "retrieval",
+    "policy+retrieval". The policy by default: it needs no server, and it is the recipe shown to play on CPU
+    (scripts/recipe.sh; with "off", "valid" did not mean answerable and the pool recycled questions no solver
+    ever solved). With an LLM judge, pass "judge", as SSP does (scripts/train_common.sh does with JUDGE_URL)."""
     shortcut_filter: str = "off"
     """"title", "queries", "both" or "off": refuse shortcut questions, reward 0 (inference/filters.py)."""
     rag_distractors: int = 2
@@ -108,12 +110,14 @@ class GameConfig:
     pool_size: int = POOL_SIZE
     """Oldest questions are dropped past this; bounds memory and checkpoint size. The pool is cleared
     every pool_clear_every steps, so it seldom gets near it."""
-    pool_min_solve_rate: float = 0.0
+    pool_min_solve_rate: float = 0.01
     """A fresh valid question joins the pool only when its solver group's solve rate s is at least this.
-    0 admits never-solved questions; > 0 keeps them out (a group that is always wrong teaches nothing)."""
-    pool_max_solve_rate: float = 1.0
+    0 admits never-solved questions; > 0 (the default) keeps them out: a group that is always wrong teaches
+    nothing, and on CPU the pool otherwise recycled questions no solver ever solved (scripts/recipe.sh)."""
+    pool_max_solve_rate: float = 0.99
     """... and at most this: SSP's reuse_success_rate_threshold (it keeps problems with success rate <=
-    the threshold; its train_ssp.sh uses 1.0, i.e. every valid question)."""
+    the threshold; its train_ssp.sh uses 1.0, i.e. every valid question). < 1 (the default) keeps out
+    questions every solver answered, whose groups are flat and carry no gradient."""
     pool_clear_every: int = 10
     """Every N steps the trainer removes what the game admitted (SSP's pool_clear_interval, 10 in its
     train_ssp.sh), so stale questions do not outlive the policy that wrote them; rows seeded from a file

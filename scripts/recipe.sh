@@ -8,12 +8,13 @@
 # the code its results are stamped with (bench/learning_compare.py, LADDER_MEASURES); tests/test_own_data_script.py
 # holds the two equal. Every variable can be overridden from the environment, as in the learning proof.
 #
-# GAME, everywhere:
+# GAME, everywhere. These are train.py's own defaults too (inference/game.py GameConfig; tests/test_own_data_script.py
+# holds them equal): GAME spells them out so that each can be overridden from the environment here.
 #   --rag_verify policy   the RAG check: the policy itself (greedy, no search) answers each question from what a
 #                         solver's searches would show (inference/rag_check.solver_view); a question it cannot answer
 #                         is invalid. With a judge (the GPU scripts' JUDGE_URL) RAG_VERIFY=judge: the judge takes
-#                         the verifier's place, as in SSP. Without a check (train.py's default, "off") "valid" did not
-#                         mean answerable, and the pool recycled questions no solver ever solved.
+#                         the verifier's place, as in SSP. Without a check (--rag_verify off) "valid" did not mean
+#                         answerable, and the pool recycled questions no solver ever solved.
 #   --proposer_reward 1-acc   SSP's: with the RAG check, the harder an answerable question the better
 #   --format_penalty -1   an invalid question below every valid one (SSP ships 0)
 #   --pool_min_solve_rate 0.01 --pool_max_solve_rate 0.99   the pool admits questions some but not all solvers answered

@@ -219,6 +219,30 @@ def test_the_recipe_is_the_learning_proofs_game():
     assert recipe["POOL_SOLVE"] == "0.01 0.99" and (recipe["MIN_SEARCHES"], recipe["RAG_DISTRACTORS"]) == ("1", "0")
 
 
+def test_the_recipes_game_is_train_pys_default(tmp_path):
+    """Issue 42, point 2: the game shown to play on CPU is what train.py plays when no flag is given, library and
+    flags alike (GameConfig's defaults are the flags'). Only the CPU scale's settings stay in the scripts: a 135M
+    model's shorter questions, fewer searches and no distractors (scripts/recipe.sh, GAME_CPU)."""
+    from inference.game import GameConfig
+    from training.settings.config import parse_config
+    recipe = _defaults(RECIPE.read_text())
+    pool_min, pool_max = (float(x) for x in recipe["POOL_SOLVE"].split())
+    lib = GameConfig()
+    assert (lib.rag_verify, lib.proposer_reward, lib.format_penalty) == (
+        recipe["RAG_VERIFY"], recipe["PROPOSER_REWARD"], float(recipe["FORMAT_PENALTY"]))   # auto resolves to 1-acc
+    assert (lib.pool_min_solve_rate, lib.pool_max_solve_rate) == (pool_min, pool_max)
+    (tmp_path / "model").mkdir()
+    (tmp_path / "idx").mkdir()
+    (tmp_path / "rows.jsonl").write_text('{"answer": "Paris", "search_turns": 2}\n')
+    sp = parse_config(["--model_path", str(tmp_path / "model"), "--train_data", str(tmp_path / "rows.jsonl"),
+                       "--index", str(tmp_path / "idx")]).selfplay
+    assert (sp.rag_verify, sp.format_penalty, sp.pool_min_solve_rate, sp.pool_max_solve_rate) == (
+        recipe["RAG_VERIFY"], float(recipe["FORMAT_PENALTY"]), pool_min, pool_max)
+    assert sp.proposer_reward == recipe["PROPOSER_REWARD"]   # "auto" resolved at parse time: 1-acc with a RAG check
+    # the CPU scale's settings are not train.py's: SSP's own floors stay the defaults
+    assert (lib.min_searches, lib.rag_distractors) != (int(recipe["MIN_SEARCHES"]), int(recipe["RAG_DISTRACTORS"]))
+
+
 # ----------------------------------------------------------------------------- the same files on a GPU script
 
 def gpu_flags(tmp: Path, env: dict) -> tuple[subprocess.CompletedProcess, list[str]]:

@@ -515,8 +515,8 @@ def test_solver_questions_carry_their_construction_path_through_the_pool(tokeniz
 
     from inference.game import QCP_DOC_CHARS, qcp_of
 
-    pool = QuestionPool(8, seed=0)
-    cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off")
+    pool = QuestionPool(8, seed=0)   # SSP's window: every solver right (s = 1) still joins the pool
+    cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off", pool_min_solve_rate=0.0, pool_max_solve_rate=1.0)
     res = play_round(ScriptedPolicy(tokenizer, "Abraham Lincoln"), ROW, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                      pool=pool, step=0)
     prop = next(t for t in res.trajectories if t.role == "proposer")
@@ -550,6 +550,7 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
 
     def play(answer, **window):
         pool = QuestionPool(8, seed=0)
+        window = {"pool_min_solve_rate": 0.0, "pool_max_solve_rate": 1.0, **window}   # SSP's, unless given
         cfg = GameConfig(proposer_n=1, solver_n=2, rag_verify="off", **window)
         res = play_round(ScriptedPolicy(tokenizer, answer, question=q), rows, bm25.search, Judge(), cfg, SCRIPT_ROLLOUT,
                          pool=pool, step=3)
@@ -570,4 +571,8 @@ def test_the_pool_admits_by_the_rounds_own_solve_rates(tokenizer, bm25):
     prop, pool = play("Grant")                                             # every solver wrong: s = 0
     assert prop.outcome.solver_acc == 0.0 and [it["solve_rate"] for it in pool.to_list()] == [0.0]
     prop, pool = play("Grant", pool_min_solve_rate=0.5)                    # s = 0 < min: stays out
+    assert not prop.outcome.pool_admitted and len(pool) == 0
+    default = GameConfig()                                                 # the recipe's window, 0.01-0.99
+    prop, pool = play("Abraham Lincoln", pool_min_solve_rate=default.pool_min_solve_rate,
+                      pool_max_solve_rate=default.pool_max_solve_rate)     # s = 1: a flat group, stays out
     assert not prop.outcome.pool_admitted and len(pool) == 0

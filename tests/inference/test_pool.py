@@ -48,12 +48,16 @@ def _admit(cfg, rates=RATES, excluded=()):
     return [it["solve_rate"] for it in pool.to_list()], pool
 
 
+SSP_WINDOW = {"pool_min_solve_rate": 0.0, "pool_max_solve_rate": 1.0}   # SSP's train_ssp.sh: every valid question
+
+
 @pytest.mark.parametrize("window, admitted", [
-    ({}, [0.0, 0.25, 0.5, 1.0]),                                            # defaults: SSP's threshold 1.0, min 0
-    ({"pool_min_solve_rate": 0.25}, [0.25, 0.5, 1.0]),                      # s = 0 refused when min > 0
-    ({"pool_min_solve_rate": 0.01}, [0.25, 0.5, 1.0]),
-    ({"pool_max_solve_rate": 0.5}, [0.0, 0.25, 0.5]),                       # s = 1 refused when max < 1
-    ({"pool_max_solve_rate": 0.99}, [0.0, 0.25, 0.5]),
+    ({}, [0.25, 0.5]),                                  # defaults, the recipe's 0.01-0.99: never and always solved out
+    (SSP_WINDOW, [0.0, 0.25, 0.5, 1.0]),
+    ({**SSP_WINDOW, "pool_min_solve_rate": 0.25}, [0.25, 0.5, 1.0]),   # s = 0 refused when min > 0
+    ({**SSP_WINDOW, "pool_min_solve_rate": 0.01}, [0.25, 0.5, 1.0]),
+    ({**SSP_WINDOW, "pool_max_solve_rate": 0.5}, [0.0, 0.25, 0.5]),    # s = 1 refused when max < 1
+    ({**SSP_WINDOW, "pool_max_solve_rate": 0.99}, [0.0, 0.25, 0.5]),
     ({"pool_min_solve_rate": 0.3, "pool_max_solve_rate": 0.6}, [0.5]),
     ({"pool_min_solve_rate": 0.5, "pool_max_solve_rate": 0.5}, [0.5]),      # the bounds are inclusive
 ])
@@ -65,7 +69,7 @@ def test_admission_window(window, admitted):
 
 def test_a_question_whose_solve_rate_was_not_measured_stays_out():
     # the solver search of question 2 failed: its group is left out of the loss and s = 0.5 is not a measurement
-    got, _ = _admit(GameConfig(rag_verify="off"), excluded=(2,))
+    got, _ = _admit(GameConfig(rag_verify="off", **SSP_WINDOW), excluded=(2,))
     assert got == [0.0, 0.25, 1.0]
 
 

@@ -169,8 +169,8 @@ class SelfPlayArgs:
     format_penalty: float = F(GameConfig.format_penalty, "proposer reward for an invalid question; below every "
                                                           "valid reward (>= 0)")
     rag_verify: str = F(GameConfig.rag_verify, "RAG check of each question: answered from its own docs + "
-                                                 "distractors by the judge (SSP's; needs --judge llm), the policy, or "
-                                                 "skipped (off); retrieval: no model, one search of the question with "
+                                                 "distractors by the judge (SSP's; needs --judge llm), the policy (the "
+                                                 "default: the recipe shown to play on CPU), or skipped (off); retrieval: no model, one search of the question with "
                                                  "the solver's back-end and --topk must return a document holding the "
                                                  "answer (Dr. Zero's rule; needs --solver_search retriever); "
                                                  "policy+retrieval: both must pass", choices=RAG_VERIFIERS)
@@ -209,11 +209,12 @@ class SelfPlayArgs:
     pool_size: int = F(GameConfig.pool_size, "max questions kept in the pool, the oldest dropped first (checkpointed)")
     pool_min_solve_rate: float = F(GameConfig.pool_min_solve_rate, "a valid question joins the pool only when its "
                                                                    "solver group's solve rate is at least this; > 0 "
-                                                                   "keeps never-solved questions out")
+                                                                   "keeps never-solved questions out (0 admits them)")
     pool_max_solve_rate: float = F(GameConfig.pool_max_solve_rate, "a valid question joins the pool only when its "
                                                                    "solver group's solve rate is at most this (SSP's "
                                                                    "reuse_success_rate_threshold; its train_ssp.sh "
-                                                                   "uses 1.0: every valid question)")
+                                                                   "uses 1.0: every valid question); < 1 keeps out "
+                                                                   "questions every solver answered")
     pool_clear_every: int = F(GameConfig.pool_clear_every, "every N steps the pool drops the questions the game "
                                                            "admitted, keeping --pool_init's rows (SSP's "
                                                            "pool_clear_interval); 0 = never")
