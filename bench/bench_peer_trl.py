@@ -143,6 +143,7 @@ def summarise(rows: list[dict]) -> dict:
     after = rows[1:] if len(rows) > 1 else rows   # the first step warms up (compiles, caches)
     med = {k: statistics.median(r[k] for r in after) for k in ("step_s", "rollout_s", "update_s")}
     med["tokens_per_s"] = statistics.median(r["sampled_tokens"] / r["rollout_s"] for r in after if r["rollout_s"] > 0)
+    med["tokens_per_step"] = statistics.median(r["sampled_tokens"] for r in after)
     med["rewards"] = [round(float(r.get("reward_mean", float("nan"))), 3) for r in rows]
     med["steps_measured"] = len(after)
     return med
@@ -228,12 +229,13 @@ def report(a, versions: dict, loss_rows: list[dict], steps: dict) -> None:
         rows = []
         for (side, engine), e in steps.items():
             if "error" in e or "step_s" not in e:
-                rows.append([side, engine, "-", "-", "-", "-", f"{e['peak_rss_gib']:.2f}", e.get("error", "")])
+                rows.append([side, engine, "-", "-", "-", "-", "-", f"{e['peak_rss_gib']:.2f}", e.get("error", "")])
                 continue
             rows.append([side, engine, f"{e['step_s']:.1f}", f"{e['rollout_s']:.1f}", f"{e['update_s']:.1f}",
-                         f"{e['tokens_per_s']:.2f}", f"{e['peak_rss_gib']:.2f}", " ".join(map(str, e["rewards"]))])
-        md.append(md_table(["side", "engine", "s/step", "rollout s", "update s", "sampled tok/s (rollout)",
-                            "peak RSS GiB", "reward per step"], rows))
+                         f"{e['tokens_per_step']:.0f}", f"{e['tokens_per_s']:.2f}", f"{e['peak_rss_gib']:.2f}",
+                         " ".join(map(str, e["rewards"]))])
+        md.append(md_table(["side", "engine", "s/step", "rollout s", "update s", "sampled tokens/step",
+                            "sampled tok/s (rollout)", "peak RSS GiB", "reward per step"], rows))
         for engine in dict.fromkeys(e for _, e in steps):
             t, o = steps.get(("trl", engine), {}), steps.get(("ours", engine), {})
             if "step_s" not in t or "step_s" not in o:
@@ -248,6 +250,16 @@ def report(a, versions: dict, loss_rows: list[dict], steps: dict) -> None:
             met = [f"{k} {v:.2f} ({'met' if (v <= TARGETS[k] if k == 'peak_rss_ratio' else v >= TARGETS[k]) else 'MISSED'}"
                    f", target {'<=' if k == 'peak_rss_ratio' else '>='} {TARGETS[k]})" for k, v in ratios.items()]
             md += ["", f"{engine}: " + "; ".join(met) + "."]
+            work = o["tokens_per_step"] / t["tokens_per_step"] if t.get("tokens_per_step") else float("nan")
+            keys[f"peer_trl.{engine}.tokens_per_step_ratio"] = work
+            if not 0.9 <= work <= 1.1:   # the s/step ratio is then not at matched work: say so beside it
+                md += ["", f"{engine}: the sides did not sample the same work: ours {o['tokens_per_step']:.0f} tokens a "
+                       f"step, TRL's {t['tokens_per_step']:.0f} ({work:.2f}x). Ours ends a completion at its first "
+                       "</search> or </answer> (the protocol's stop strings; single-turn, so that ends the trajectory); "
+                       "TRL's generate has no stop strings (transformers needs the tokenizer passed to generate() for "
+                       "them, which GRPOTrainer does not do), so its completions run to EOS or the token cap. The "
+                       "step_speedup is therefore not a like-for-like number; the sampled tok/s ratio is the matched "
+                       "rate of the rollout, and the update seconds compare an update over different token counts."]
     if first is None:
         md += ["", "Step ratios: not measured in this run (no engine where both sides finished)."]
     write_results("peer_trl", keys, "\n".join(md), measures=MEASURES)

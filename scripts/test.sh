@@ -14,7 +14,8 @@ export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
 set +e
 # Two workers (TEST_WORKERS=0 runs in one process): most tests run one process on one thread, so one worker
 # leaves a core of a 2-core box idle. Whole files go to a worker, heaviest first (tests/conftest.py: HEAVY_FIRST).
-.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder "$@"
+# --durations: the 25 slowest tests in every log (CI's too), for the 20-minute aim (issue 43)
+.venv/bin/python -m pytest -n "${TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=25 "$@"
 rc=$?
 set -e
 # pytest exits 5 when it collected no tests: that must never count as a pass.
