@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -179,7 +180,9 @@ def step_part(a, overlay: Path, on_result=None) -> dict:
                 env = overlay_env(overlay, env)
             else:   # one process, world size 1 (docs/PLATFORM_NOTES.md: plain python needs the rank variables)
                 env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
-            out.mkdir(parents=True, exist_ok=True)
+            # a fresh folder: train.py would resume an earlier run's last checkpoint there and report its old steps
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(parents=True)
             print(f"peer_trl: {side} / {engine}: {' '.join(cmd)}", flush=True)
             rc, wall, rss = run_measured(cmd, env, base / f"{side}_{engine}.log", timeout=3600)
             entry = {"rc": rc, "wall_s": wall, "peak_rss_gib": rss}
