@@ -260,9 +260,14 @@ def report(a, versions: dict, loss_rows: list[dict], steps: dict) -> None:
                        f"step, TRL's {t['tokens_per_step']:.0f} ({work:.2f}x). Ours ends a completion at its first "
                        "</search> or </answer> (the protocol's stop strings; single-turn, so that ends the trajectory); "
                        "TRL's generate has no stop strings (transformers needs the tokenizer passed to generate() for "
-                       "them, which GRPOTrainer does not do), so its completions run to EOS or the token cap. The "
-                       "step_speedup is therefore not a like-for-like number; the sampled tok/s ratio is the matched "
-                       "rate of the rollout, and the update seconds compare an update over different token counts."]
+                       "them, which GRPOTrainer does not do), so its completions run to EOS or the token cap. Neither "
+                       "ratio is like-for-like then: both sides prefill the same prompts, so the step_speedup credits "
+                       "ours with the tokens it did not sample, and the sampled tok/s charges ours that prefill over "
+                       "fewer tokens."]
+            if not any(t["rewards"]) and not any(o["rewards"]):
+                md += ["", f"{engine}: every step's mean reward was 0 on both sides, so no step carried a learning "
+                       "signal (a start model that searches before it answers ends its single turn at the search); "
+                       "both sides still ran their whole update."]
     if first is None:
         md += ["", "Step ratios: not measured in this run (no engine where both sides finished)."]
     write_results("peer_trl", keys, "\n".join(md), measures=MEASURES)

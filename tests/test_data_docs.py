@@ -116,6 +116,7 @@ TARGET_NUMBERS = [
     ("loss.packed_speedup", "{:.2f}x"), ("loss.logprob_mem_ratio", "{:.3f}"), ("rollout.vllm_over_hf", "{:.2f}x"),
     ("rollout_async.step_speedup", "{:.2f}x"), ("learning_distill.gain_over_ssp", "+{:.2f}"),
     ("rollout_async_gpu_model.speedup_300ms", "{:.2f}x"), ("rollout_async_gpu_model.step_speedup", "{:.2f}x"),
+    ("peer_trl.step_speedup", "{:.2f}x"), ("peer_trl.tokens_per_s_ratio", "{:.2f}x"), ("peer_trl.peak_rss_ratio", "{:.2f}x"),
 ]
 
 

@@ -89,5 +89,6 @@ def test_the_step_report_computes_the_ratios_and_says_when_the_work_differs(tmp_
     assert "step_speedup 1.59 (met, target >= 1.5); tokens_per_s_ratio 0.57 (MISSED" in md
     assert "peak_rss_ratio 1.50 (MISSED, target <= 1.0)" in md
     assert "did not sample the same work: ours 100 tokens a step, TRL's 490 (0.20x)" in md
+    assert "every step's mean reward was 0" not in md   # the hand-made rows carry rewards
     assert "| trl | vllm | - |" in md and "load_weights" in md                 # a failed side shows its error
     assert "peer_trl.vllm.step_speedup" not in keys
