@@ -360,7 +360,9 @@ def model_inputs(mb: MicroBatch, attn_implementation: str, dtype: torch.dtype = 
 
 def verify_packed_attention(model: torch.nn.Module, inputs_fn: Callable = model_inputs, atol: float = 1e-4,
                             vocab_limit: int = 100) -> float:
-    """Start-up guard: packed hidden states must equal separate runs, or raise.
+    """A guard for packed attention: packed hidden states must equal separate runs, or raise. Not yet called at
+    a run's start (tests/training/test_packing.py runs it): on SmolLM2-135M fp32 it measured 4.4e-5 against
+    max |h| 57 (so the absolute atol is near its edge on a real model), bf16 0.0, and a leak 30.
 
     Runs the model's backbone on two short sequences packed in one row and on each
     alone (three tiny forwards, no grad, eval mode for the call) and compares. It
