@@ -29,12 +29,12 @@ from utils.dist import keep_unused_imports_out  # noqa: E402
 keep_unused_imports_out()  # as the entry points do: no sklearn inside transformers, no mlflow inside DeepSpeed
 
 
-# The heaviest test files (seconds on 2 workers on a 2-core AMX box, 2026-11-26), longest first. scripts/test.sh
+# The heaviest test files (seconds on 2 workers on a 2-core box: AMX, 2026-11-26; AVX-512 EPYC, 2026-11-29), longest first. scripts/test.sh
 # runs pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in
 # collection order, so the long ones must start first or one worker ends the run alone. Only the order changes.
-HEAVY_FIRST = ["tests/training/test_tp2_train.py",     # ~360 s alone on 2 cores: four TP-2 launches
-               "tests/test_learning_proof_script.py",   # ~290 s: the whole ladder at smoke scale
-               "tests/test_scripts.py",                 # ~140 s: every per-size script through the launcher
+HEAVY_FIRST = ["tests/training/test_tp2_train.py",     # ~340 s: four TP-2 launches
+               "tests/test_learning_proof_script.py",   # ~240 s: the smoke SFT, rungs 1 and 2 at smoke scale
+               "tests/test_scripts.py",                 # ~110 s: every per-size script's dry run
                "tests/training/test_trainer.py",        # ~150 s
                "tests/test_demo_script.py",             # ~130 s
                "tests/training/test_modes.py",          # ~85 s
