@@ -270,9 +270,11 @@ def _run_group(engines, bm25, lockstep, latency):
 def test_lockstep_ranks_make_identical_engine_calls_under_the_trajectory_schedule(smollm2_dir, bm25):
     """Tensor parallelism under external_launcher: the group's first rank decides which searches are back and
     shares their results (inference/step_loop.py), so both ranks submit and step identically although their
-    searches would take different times, only the first rank searches, and the trajectories equal the turn
-    schedule's. The negative control runs the same ranks deciding alone: their engine calls then differ, so the
-    check can see a broken lockstep."""
+    searches would take different times, and only the first rank searches. The negative control runs the same
+    ranks deciding alone: their engine calls then differ, so the check can see a broken lockstep; and the lockstep
+    changes no trajectory: each rank alone rolls out what the group did. (That the trajectory schedule's rollouts
+    equal the turn schedule's is test_hf_schedules_give_the_same_trajectories_out_of_order_search's; this test ran
+    a turn schedule too, ~12 s, until issue 43.)"""
     engines = [HFEngine(smollm2_dir, dtype="float32", max_model_len=2048) for _ in range(2)]
     # rank 0's odd-numbered searches are slow, rank 1's even-numbered ones: each rank alone resumes its
     # trajectories in another order
@@ -282,11 +284,10 @@ def test_lockstep_ranks_make_identical_engine_calls_under_the_trajectory_schedul
     assert ranks[0].shares == ranks[1].shares > 0
     assert ranks[0].calls == ranks[1].calls
     assert_same_trajectories(results[0], results[1])
-    turn = run_rollouts(engines[0], _requests(engines[0].tokenizer, QUESTIONS[:3]), bm25.search,
-                        RolloutConfig(schedule="turn", **cfg))
-    assert max(t.num_turns for t in turn) >= 2, "no trajectory searched: the multi-turn path was not exercised"
-    assert_same_trajectories(turn, results[0])
+    assert max(t.num_turns for t in results[0]) >= 2, "no trajectory searched: the multi-turn path was not exercised"
 
     alone, searched_alone, results_alone, _ = _run_group(engines, bm25, False, latency)
     assert searched_alone[0] and searched_alone[1]
+    for r in (0, 1):
+        assert_same_trajectories(results_alone[r], results[0])
     assert alone[0].calls != alone[1].calls, "ranks deciding alone made the same calls: the control shows nothing"
