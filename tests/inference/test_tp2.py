@@ -79,12 +79,18 @@ def test_tp2_rollout_makes_identical_engine_calls_and_trajectories_on_both_ranks
     assert any(c[0] == "submit" for c in a["calls"]), "the stepped engine was not used"
 
 
-@pytest.mark.parametrize("schedule", ["trajectory", "turn"])
-def test_tp2_rollout_equals_an_hf_turn_rollout(tp2_results, smollm2_dir, bm25, schedule):
-    """The TP-2 rollout's trajectories equal transformers' at TP 1 on the original SmolLM2 (same config)."""
-    a = tp2_results[0][schedule]
+@pytest.fixture(scope="module")
+def hf_rollout(tp2_results, smollm2_dir, bm25):
+    """transformers at TP 1 on the original SmolLM2, the TP-2 rollouts' prompts and config: one reference for both
+    schedules (it was rolled out once per schedule, ~20 s each, until issue 43)."""
     hf = HFEngine(str(smollm2_dir), dtype="float32", max_model_len=1024)
     reqs = [RolloutRequest("solver", f"g{i}", p) for i, p in enumerate(tp2_results[0]["prompts"])]
-    ref = run_rollouts(hf, reqs, bm25.search, RolloutConfig(schedule="turn", **ROLLOUT_CFG))
-    assert [t.token_ids for t in ref] == [t["ids"] for t in a["trajectories"]]
-    assert [t.loss_mask for t in ref] == [t["mask"] for t in a["trajectories"]]
+    return run_rollouts(hf, reqs, bm25.search, RolloutConfig(schedule="turn", **ROLLOUT_CFG))
+
+
+@pytest.mark.parametrize("schedule", ["trajectory", "turn"])
+def test_tp2_rollout_equals_an_hf_turn_rollout(tp2_results, hf_rollout, schedule):
+    """The TP-2 rollout's trajectories equal transformers' at TP 1 on the original SmolLM2 (same config)."""
+    a = tp2_results[0][schedule]
+    assert [t.token_ids for t in hf_rollout] == [t["ids"] for t in a["trajectories"]]
+    assert [t.loss_mask for t in hf_rollout] == [t["mask"] for t in a["trajectories"]]
