@@ -1,5 +1,6 @@
 """SmolLM2-135M re-laid out so tensor parallel 2 can split it (tests/inference/test_tp2.py,
-tests/training/test_tp2_train.py, tests/inference/test_eval_tp2.py), and the lock those modules hold.
+tests/inference/test_eval_tp2.py), a tiny random Llama TP 2 can split (tests/training/test_tp2_train.py), and the
+lock those modules hold.
 
 SmolLM2's 9 attention heads and 3 KV heads do not divide by 2. The copy has 12 Q heads and 6 KV heads
 (groups of 2) and computes the same function in fp32: each KV head appears twice, and a zero Q head (zero
@@ -75,4 +76,23 @@ def write_tp2_smollm2(smollm2_dir: Path, out: Path) -> Path:
     c.num_attention_heads, c.num_key_value_heads, c.head_dim = 12, 6, hd
     m.save_pretrained(out, safe_serialization=True)
     AutoTokenizer.from_pretrained(smollm2_dir).save_pretrained(out)
+    return out
+
+
+def write_tiny_tp2_llama(tiny_dir: Path, out: Path) -> Path:
+    """The tiny random Llama of tests/conftest.py (write_tiny_llama: hidden 128, 2 heads of 64) with 2 KV heads in
+    place of 1, so TP 2 gives each rank one Q and one KV head; SmolLM2's tokenizer. For the tests whose TP-2 model
+    need not write searches (tests/training/test_tp2_train.py)."""
+    import shutil
+
+    import torch
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig.from_pretrained(tiny_dir)
+    cfg.num_key_value_heads = 2
+    torch.manual_seed(0)
+    LlamaForCausalLM(cfg).to(torch.float32).save_pretrained(out, safe_serialization=True)
+    AutoTokenizer.from_pretrained(tiny_dir).save_pretrained(out)
+    if (tiny_dir / "generation_config.json").exists():
+        shutil.copy(tiny_dir / "generation_config.json", out / "generation_config.json")
     return out
