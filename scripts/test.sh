@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Install everything (idempotent) and run the test suite on CPU.
-#   bash scripts/test.sh                 # whole suite (20.5-27 min of pytest on 2 cores, by CPU: docs/cpu.md)
+#   bash scripts/test.sh                 # whole suite (~19 min of pytest on a 2-core AVX-512 box; by CPU: docs/cpu.md)
 #   bash scripts/test.sh -m "not slow"   # skip the multi-process end-to-end tests
 #   bash scripts/test.sh tests/retrieval # any pytest arguments
 set -euo pipefail
