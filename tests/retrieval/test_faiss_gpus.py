@@ -1,8 +1,9 @@
 """Which GPUs the FAISS index goes to (--faiss-gpus), and how many bytes it puts on each (retriever_gpu_bytes).
 
-No GPU here: as in tests/test_gpu_semantics.py::test_faiss_gpu_sharding_keeps_the_search_results, faiss-gpu's
-cloners are replaced (the fake_faiss_gpus fixture of tests/conftest.py) by CPU faiss.IndexShards that split the vectors the way faiss-gpu does (contiguous slices,
-shard i on the i-th GPU named), so the choice logic, the shard sizes and the search results are checked for real.
+No GPU here: faiss-gpu's cloners are replaced (the fake_faiss_gpus fixture of tests/conftest.py) by CPU
+faiss.IndexShards that split the vectors the way faiss-gpu does (contiguous slices, shard i on the i-th GPU named),
+so the choice logic, the shard sizes and the search results are checked for real, for every index type
+(tests/test_gpu_semantics.py held a copy of the sharding test, with HNSW, until issue 43).
 """
 
 import argparse
@@ -67,8 +68,12 @@ def test_retriever_gpu_bytes_is_pure(helpers):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind,fp16", [("flat", False), ("flat", True), ("ivfpq", False)])
-def test_chosen_gpus_get_the_shards_and_results_stay_the_same(fake_faiss_gpus, kind, fp16):
+@pytest.mark.parametrize("named", [None, [3, 1]], ids=["all_gpus", "gpus_3_1"])
+@pytest.mark.parametrize("kind,fp16", [("flat", False), ("flat", True), ("ivfpq", False), ("hnsw", False)])
+def test_chosen_gpus_get_the_shards_and_results_stay_the_same(fake_faiss_gpus, kind, fp16, named):
+    """retriever._to_gpus on every index type build_index makes, onto every visible GPU (no ids named) or the ones
+    named: shards (not replicas) with the manifest's fp16 flag, on the named GPUs in their order, and searching the
+    sharded index gives the unsharded index's hits; HNSW stays on the CPU (FAISS has no GPU HNSW)."""
     import faiss
 
     from retrieval.build_index import make_faiss_index
@@ -84,14 +89,18 @@ def test_chosen_gpus_get_the_shards_and_results_stay_the_same(fake_faiss_gpus, k
         faiss.extract_index_ivf(idx).nprobe = 16
     want_s, want_i = idx.search(q, 10)
     gpus = fake_faiss_gpus(4)
-    got = _to_gpus(faiss, idx, {"index_type": kind, "fp16": fp16}, gpus=[3, 1])
+    got = _to_gpus(faiss, idx, {"index_type": kind, "fp16": fp16}, gpus=named)
+    if kind == "hnsw":
+        assert got is idx and gpus.calls == []
+        return
     (call,) = gpus.calls
-    assert call["via"] == "list" and call["gpus"] == [3, 1] and call["co"].shard is True
-    assert call["co"].useFloat16 is fp16
+    assert (call["via"], call["gpus"]) == (("all", [0, 1, 2, 3]) if named is None else ("list", named))
+    assert call["co"].shard is True and call["co"].useFloat16 is fp16
+    assert got is not idx and got.ntotal == idx.ntotal
     if kind == "flat":
         # an fp16 build (IndexScalarQuantizer) is handed over as IndexFlat: faiss-gpu cannot shard the former
         assert call["index_type"] in ("IndexFlat", "IndexFlatIP")
-        want_bytes = retriever_gpu_bytes(len(x), 32, [3, 1], fp16)
+        want_bytes = retriever_gpu_bytes(len(x), 32, call["gpus"], fp16)
         assert {g: r * 32 * (2 if fp16 else 4) for g, r in call["rows"].items()} == want_bytes
     got_s, got_i = got.search(q, 10)
     assert np.array_equal(got_i, want_i)
