@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -185,10 +186,9 @@ def _launches(folder: Path) -> list[list[str]]:
 
 def _train_config(argv: list[str]):
     """What train.py makes of a recorded command line: its own parser and defaults (no file checks)."""
-    from training.settings.config import GROUPS, Config, build_parser, resolve_defaults
-    from training.settings.flags import groups_from_namespace
+    from training.settings.config import config_from_flags
     assert argv[1] == "train.py", argv
-    return resolve_defaults(Config(**groups_from_namespace(GROUPS, build_parser().parse_args(argv[2:]))))
+    return config_from_flags(argv[2:])
 
 
 def test_rungs_0_1gae_and_3_pass_their_settings_to_eval_and_train(tmp_path):
@@ -239,8 +239,7 @@ def test_rungs_0_1gae_and_3_pass_their_settings_to_eval_and_train(tmp_path):
     assert (dist.distill.distill, dist.distill.distill_coef, dist.distill.distill_context_tokens) == ("sampled", 0.1, 512)
     assert ssp.distill.distill == "off" and dist.selfplay == ssp.selfplay   # rung 3 plays rung 2's game
     for c in (qa, ssp, dist):   # the rest of the recipe is rung 1gae's: the critic is the only change
-        assert (c.optimisation, c.rollout) == (gae.optimisation.__class__(**{**vars(gae.optimisation),
-                                                                            "total_steps": c.optimisation.total_steps}),
+        assert (c.optimisation, c.rollout) == (replace(gae.optimisation, total_steps=c.optimisation.total_steps),
                                               gae.rollout)
 
     # held-out evals at every milestone; the dev split at the last one for the SSP rungs only

@@ -21,8 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from training.settings.config import GROUPS, Config, build_parser
-from training.settings.flags import groups_from_namespace
+from training.settings.config import Config, config_from_flags
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "own_data_cpu.sh"
@@ -93,7 +92,7 @@ def printed(out: str) -> list[list[str]]:
 def train_config(argv: list[str]) -> Config:
     """train.py's flags (the words after train.py) through train.py's own parser (--dry_run is train.py's own)."""
     flags = [w for w in argv[argv.index("train.py") + 1:] if w != "--dry_run"]
-    return Config(**groups_from_namespace(GROUPS, build_parser().parse_args(flags)))
+    return config_from_flags(flags)
 
 
 def eval_args(argv: list[str]):

@@ -331,14 +331,11 @@ def test_model_scripts_take_estimator_gae_and_its_plan_fits_8x80gb(tmp_path):
     """ESTIMATOR=gae: the solver's estimator is gae (the proposer keeps reinforce++), the critic gets its LR
     and the memory plan, which counts the critic, warns for no script (the 14B ones offload its optimizer)."""
     from training.engine import memory_plan as mp
-    from training.settings.config import GROUPS, Config, build_parser, resolve_defaults
-    from dataclasses import fields
+    from training.settings.config import config_from_flags
 
     for script in MODEL_SCRIPTS:
         argv = _script_flags(script, tmp=str(tmp_path / script.stem), ESTIMATOR="gae")
-        ns = build_parser().parse_args(argv[:-1] if argv[-1] == "--dry_run" else argv)
-        cfg = resolve_defaults(Config(**{g: cls(**{f.name: getattr(ns, f.name) for f in fields(cls)})
-                                         for g, cls in GROUPS.items()}))
+        cfg = config_from_flags(argv[:-1] if argv[-1] == "--dry_run" else argv)
         assert cfg.algorithm.solver_estimator == "gae" and cfg.algorithm.proposer_estimator == "reinforce++"
         assert cfg.critic.critic_lr == 1e-5
         pl = mp.plan(cfg, 8, 8)

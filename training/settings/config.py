@@ -30,7 +30,7 @@ from training.settings.settings_play import (AUTO_PROMPTS_PER_GROUP, SEARCH_BACK
 from training.settings.validation import ConfigError, needs_reference, validate_args  # noqa: F401
 
 __all__ = [  # this module's own names, and those re-exported from the modules above
-    "GROUPS", "MOVED_FIELDS", "Config", "build_parser", "parse_config", "resolve_defaults", "upgrade_saved_config",
+    "GROUPS", "MOVED_FIELDS", "Config", "build_parser", "config_from_flags", "parse_config", "resolve_defaults", "upgrade_saved_config",
     "needs_critic", "F", "add_field_flags", "groups_from_namespace", "parse_bool", "parser_for",
     "ESTIMATORS", "AlgoArgs", "CkptArgs", "CriticArgs", "DeepSpeedArgs", "DistillArgs", "EvalArgs", "LogArgs", "OptimArgs",
     "AUTO_PROMPTS_PER_GROUP", "SEARCH_BACKENDS", "ModelArgs", "RolloutArgs", "SearchArgs", "SelfPlayArgs",
@@ -90,9 +90,14 @@ def build_parser(description: str = "", groups: dict | None = None):
     return parser_for(groups or GROUPS, description)
 
 
+def config_from_flags(argv: list[str] | None = None, description: str = "", world_size: int | None = None) -> Config:
+    """train.py's flags made into a Config with its "auto" defaults resolved, and no check of paths or values."""
+    ns = build_parser(description).parse_args(argv)
+    return resolve_defaults(Config(**groups_from_namespace(GROUPS, ns)), world_size=world_size)
+
+
 def parse_config(argv: list[str] | None = None, description: str = "") -> Config:
-    cfg = Config(**groups_from_namespace(GROUPS, build_parser(description).parse_args(argv)))
-    resolve_defaults(cfg)
+    cfg = config_from_flags(argv, description)
     validate_args(cfg)
     return cfg
 
