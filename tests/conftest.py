@@ -29,22 +29,30 @@ from utils.dist import keep_unused_imports_out  # noqa: E402
 keep_unused_imports_out()  # as the entry points do: no sklearn inside transformers, no mlflow inside DeepSpeed
 
 
-# The heaviest test files (seconds on 2 workers on a 2-core box: AMX, 2026-11-26; AVX-512 EPYC, 2026-11-29), longest first. scripts/test.sh
-# runs pytest on two workers (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in
-# collection order, so the long ones must start first or one worker ends the run alone. Only the order changes.
-HEAVY_FIRST = ["tests/training/test_tp2_train.py",     # ~340 s: four TP-2 launches
-               "tests/test_learning_proof_script.py",   # ~240 s: the smoke SFT, rungs 1 and 2 at smoke scale
-               "tests/test_scripts.py",                 # ~110 s: every per-size script's dry run
-               "tests/training/test_trainer.py",        # ~150 s
-               "tests/test_demo_script.py",             # ~130 s
-               "tests/training/test_modes.py",          # ~85 s
-               "tests/test_readme_gpu_quickstart.py",   # ~95 s
-               "tests/training/test_learns.py",
-               "tests/training/test_checkpoint.py",
+# The heaviest test files, about longest first: one worker's seconds per file (setup, call and teardown summed from
+# --durations=0) in a whole run of this order on a 2-core AVX-512 EPYC (2026-11-29: 1,093 s of pytest, 2,135
+# worker-seconds, so 26 s over a perfect split of the two workers). Two multi-process tests running side by side
+# slow each other, so a file's time moves by up to a half between runs. scripts/test.sh runs pytest on two workers
+# (-n 2 --dist loadfile --no-loadscope-reorder): each worker is handed whole files in collection order, and takes its
+# next file while it still has two tests left, so the long ones must start first or one worker ends the run alone.
+# Only the order changes.
+HEAVY_FIRST = ["tests/test_learning_proof_script.py",   # 150 s: the smoke SFT, rungs 1 and 2 at smoke scale
+               "tests/training/test_trainer.py",        # 172 s: kill and resume, GAE and resume
+               "tests/inference/test_rollout_schedule.py",  # 168 s: lockstep ranks, schedules out of order
+               "tests/test_readme_gpu_quickstart.py",   # 87 s
+               "tests/training/test_tp2_train.py",      # 90 s: four TP-2 launches
+               "tests/test_demo_script.py",             # 106 s
+               "tests/test_scripts.py",                 # 94 s: every per-size script's dry run
+               "tests/training/test_modes.py",          # 82 s
+               "tests/training/test_checkpoint.py",     # 117 s
+               "tests/test_own_data_script.py",         # 70 s
+               "tests/inference/test_tp2.py",           # 75 s
                "tests/training/test_update.py",
+               "tests/training/test_learns.py",
+               "tests/inference/test_eval_tp2.py",
                "tests/training/test_critic_update.py",
-               "tests/test_eval.py",
-               "tests/training/test_hybrid_sleep.py"]
+               "tests/training/test_hybrid_sleep.py",
+               "tests/test_eval.py"]
 
 
 def pytest_collection_modifyitems(config, items):
