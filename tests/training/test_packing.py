@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from training.algorithm.packing import (block_causal_mask, dummy_micro_batch, equalise_micro_batches, pack_micro_batches,
-                              partition_for_ranks, plan_micro_batches, unpack_to_sequences)
+                              plan_micro_batches, unpack_to_sequences)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -51,20 +51,6 @@ def test_plan_errors():
         plan_micro_batches([5, 11], 10)
     with pytest.raises(ValueError, match="positive"):
         plan_micro_batches([5], 0)
-
-
-def test_partition_for_ranks_balances_and_keeps_groups():
-    rnd = random.Random(0)
-    lengths = [rnd.randint(50, 2000) for _ in range(64)]
-    groups = [i // 4 for i in range(64)]
-    parts = partition_for_ranks(lengths, 4, groups)
-    assert sorted(i for p in parts for i in p) == list(range(64))
-    for p in parts:                                                           # a group never straddles ranks
-        for g in {groups[i] for i in p}:
-            assert all(i in p for i in range(64) if groups[i] == g)
-    loads = [sum(lengths[i] for i in p) for p in parts]
-    biggest_group = max(sum(lengths[i] for i in range(64) if groups[i] == g) for g in set(groups))
-    assert max(loads) - min(loads) <= biggest_group
 
 
 def test_pack_unpack_round_trip_and_validation():

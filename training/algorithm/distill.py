@@ -119,18 +119,6 @@ def contrast_token_advantage(advantages, right_logprobs, wrong_logprobs, loss_ma
                           loss_mask, beta, has_both, cu_seqlens)
 
 
-def logp_gap_metrics(teacher_logprobs, student_logprobs, loss_mask, has_teacher=None, *, cu_seqlens=None):
-    """{"distill/logp_gap": mean of (teacher_lp - student_lp) over masked teacher tokens,
-        "distill/coverage": share of masked tokens whose sequence has a teacher}; 0 when nothing counts."""
-    m = loss_mask.bool()
-    _check_shapes(m, teacher_logprobs=teacher_logprobs, student_logprobs=student_logprobs)
-    use = m & _teacher_tokens(has_teacher, m, cu_seqlens)
-    with torch.no_grad():
-        gap = torch.where(use, teacher_logprobs.float() - student_logprobs.float(), 0.0)
-        n_use, n_m = use.sum().float(), m.sum().float()
-        return {"distill/logp_gap": gap.sum() / n_use.clamp(min=1), "distill/coverage": n_use / n_m.clamp(min=1)}
-
-
 def _check_head(hidden, weight, temperature, chunk_size):
     if hidden.ndim != 2 or weight.ndim != 2 or hidden.shape[1] != weight.shape[1]:
         raise ValueError(f"need hidden (T, H) and weight (V, H); got {tuple(hidden.shape)} and {tuple(weight.shape)}")

@@ -31,7 +31,7 @@ backward (so the collectives match) and contributes exactly zero loss and gradie
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
 
@@ -119,30 +119,6 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int, min_micro_batche
         if max(lpt_loads) <= max_tokens:
             bins = [b for b in lpt if b]
     return [sorted(b) for b in bins]
-
-
-def partition_for_ranks(lengths: Sequence[int], world_size: int,
-                        group_ids: Sequence[Hashable] | None = None) -> list[list[int]]:
-    """Split sequences over data-parallel ranks with balanced token counts (LPT greedy).
-
-    With `group_ids`, a group's sequences stay on one rank (group advantages stay
-    local). Deterministic, so every rank computes the same assignment from the
-    same (gathered) lengths. Use it when sequences can be moved between ranks;
-    within a rank, plan_micro_batches does the packing.
-    """
-    if world_size <= 0:
-        raise ValueError(f"world_size must be positive, got {world_size}")
-    units: dict[Hashable, list[int]] = {}
-    for i in range(len(lengths)):
-        units.setdefault(group_ids[i] if group_ids is not None else i, []).append(i)
-    ordered = sorted(units.values(), key=lambda u: (-sum(lengths[i] for i in u), u[0]))
-    ranks: list[list[int]] = [[] for _ in range(world_size)]
-    loads = [0] * world_size
-    for u in ordered:
-        r = min(range(world_size), key=lambda j: (loads[j], len(ranks[j]), j))
-        ranks[r].extend(u)
-        loads[r] += sum(lengths[i] for i in u)
-    return [sorted(r) for r in ranks]
 
 
 # ----------------------------------------------------------------------------- packing
