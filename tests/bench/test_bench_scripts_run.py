@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -97,3 +98,15 @@ def test_bench_backends_every_document_written(tmp_path, tiny_model_dir):
     keys, md = _bench(tmp_path, "bench_backends.py", "--queries", "1", "--repeats", "1", "--model", str(tiny_model_dir))
     assert "## search backends" in md and "3 docs written, 0 failed" in md, md[-2000:]
     assert 0 < keys["backends.retriever_s"] < keys["backends.simulated_s"]
+
+
+@pytest.mark.slow
+def test_bench_rollout_async_step_plays_identical_rounds(tmp_path, tiny_model_dir):
+    """--step: one whole round of the game (proposers, filters, RAG check, pool, solvers, grading) under both
+    schedules; a random model writes no valid question, so this keeps the script's path alive, not the game's."""
+    keys, md = _bench(tmp_path, "bench_rollout_async.py", "--step", "--step-rows", "2", "--step-solver-n", "2",
+                      "--repeats", "1", "--max-tokens-per-turn", "8", "--step-search-ms", "0", "--step-judge-ms", "0",
+                      "--model", str(tiny_model_dir))
+    assert "## rollout_async_step" in md and keys["rollout_async.step_speedup"] > 0
+    row = next(line for line in md.splitlines() if line.startswith("| trajectory |"))
+    assert re.search(r"\| (\d+)/\1, stats equal \|$", row.rstrip()), row      # every trajectory identical
