@@ -103,7 +103,7 @@ def kept_rows(section_name: str, new_labels: set[str]) -> list[tuple[str, dict]]
     for key, s in data.items():
         label = key[len(section_name) + 1:]
         if key.startswith(section_name + ".") and isinstance(s, dict) and label not in new_labels:
-            rows.append((label, {**s, "commit": s.get("commit") or stamp}))   # a share with no denominator: None
+            rows.append((label, {**s, "commit": s.get("commit") or stamp}))   # its shares as stored (None: no denominator)
     md = report.RESULTS_MD.read_text() if report.RESULTS_MD.exists() else ""
     at = {label: md.find(f"\n| {label} |") for label, _ in rows}           # the table's own order; new ones last
     return sorted(rows, key=lambda r: (at[r[0]] < 0, at[r[0]]))
