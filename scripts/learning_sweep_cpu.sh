@@ -4,7 +4,8 @@
 # has chosen the SSP recipe. Re-run the same line after a crash: finished runs are kept, a stopped run resumes.
 #   OUT=runs/learning_protocol bash scripts/learning_sweep_cpu.sh
 #   DRY_RUN=1 bash scripts/learning_sweep_cpu.sh        # say what runs next (or what was chosen), run nothing
-# Then the amending commit: the chosen flags into arms.ssp.flags of the protocol (and, for candidate E, its milestone).
+# Then the amending commit: `.venv/bin/python -m bench.learning_sweep --out "$OUT" --amend` writes the chosen flags into
+# arms.ssp.flags of the protocol (and, for candidate E, its milestones); commit that file on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-runs/learning_protocol}
