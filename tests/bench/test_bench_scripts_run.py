@@ -2,7 +2,8 @@
 code, into a temporary BENCH_RESULTS_DIR: the section is written, and what the script checks came out as it should
 (packed == padded loss, a non-writing rank's export allocates nothing of the model, both rollout schedules give the
 same trajectories, every simulated document was written). Their measured numbers are bench/RESULTS.md's; these
-runs only keep the scripts from rotting between measurements."""
+runs only keep the scripts from rotting between measurements. They search the session's 200-document BM25 index
+(conftest bm25_corpus), not data/indexes/bm25, which only the demo and ladder scripts build."""
 
 from __future__ import annotations
 
@@ -77,9 +78,10 @@ def test_bench_pack_packs_once_where_it_packed_per_phase(tmp_path):
 
 
 @pytest.mark.slow
-def test_bench_rollout_async_schedules_give_identical_trajectories(tmp_path, tiny_model_dir):
+def test_bench_rollout_async_schedules_give_identical_trajectories(tmp_path, tiny_model_dir, bm25_corpus):
     keys, md = _bench(tmp_path, "bench_rollout_async.py", "--n", "2", "--max-turns", "2", "--max-tokens-per-turn",
-                      "8", "--repeats", "1", "--latencies", "0ms", "--model", str(tiny_model_dir))
+                      "8", "--repeats", "1", "--latencies", "0ms", "--model", str(tiny_model_dir),
+                      "--index", str(bm25_corpus / "bm25"))
     assert "## rollout_async" in md and keys["rollout_async.speedup_0ms"] > 0
     row = next(line for line in md.splitlines() if line.startswith("| 0ms | trajectory"))
     assert row.rstrip().endswith("| 2/2 |"), row
@@ -94,19 +96,20 @@ def test_bench_export_non_writing_rank_allocates_no_model(tmp_path, tiny_model_d
 
 
 @pytest.mark.slow
-def test_bench_backends_every_document_written(tmp_path, tiny_model_dir):
-    keys, md = _bench(tmp_path, "bench_backends.py", "--queries", "1", "--repeats", "1", "--model", str(tiny_model_dir))
+def test_bench_backends_every_document_written(tmp_path, tiny_model_dir, bm25_corpus):
+    keys, md = _bench(tmp_path, "bench_backends.py", "--queries", "1", "--repeats", "1", "--model", str(tiny_model_dir),
+                      "--index", str(bm25_corpus / "bm25"))
     assert "## search backends" in md and "3 docs written, 0 failed" in md, md[-2000:]
     assert 0 < keys["backends.retriever_s"] < keys["backends.simulated_s"]
 
 
 @pytest.mark.slow
-def test_bench_rollout_async_step_plays_identical_rounds(tmp_path, tiny_model_dir):
+def test_bench_rollout_async_step_plays_identical_rounds(tmp_path, tiny_model_dir, bm25_corpus):
     """--step: one whole round of the game (proposers, filters, RAG check, pool, solvers, grading) under both
     schedules; a random model writes no valid question, so this keeps the script's path alive, not the game's."""
     keys, md = _bench(tmp_path, "bench_rollout_async.py", "--step", "--step-rows", "2", "--step-solver-n", "2",
                       "--repeats", "1", "--max-tokens-per-turn", "8", "--step-search-ms", "0", "--step-judge-ms", "0",
-                      "--model", str(tiny_model_dir))
+                      "--model", str(tiny_model_dir), "--index", str(bm25_corpus / "bm25"))
     assert "## rollout_async_step" in md and keys["rollout_async.step_speedup"] > 0
     row = next(line for line in md.splitlines() if line.startswith("| trajectory |"))
     assert re.search(r"\| (\d+)/\1, stats equal \|$", row.rstrip()), row      # every trajectory identical
