@@ -15,6 +15,7 @@ Writes (all git-ignored):
                                          seeds the question pool / cold start, never an eval answer
     data/models/SmolLM2-135M-Instruct/   plain safetensors HF folder (dequantised once from GGUF)
     data/models/minilm.path              where the all-MiniLM-L6-v2 folder lives
+    data/indexes/bm25/                   BM25 over the corpus (retrieval.build_index, ~10 s): train.py's default --index
 
 Every part is written to a temp file and renamed, so a killed run never leaves a half file behind.
 """
@@ -26,6 +27,7 @@ import json
 import os
 import random
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,7 +50,7 @@ QUIZ_FILES = {
     "state": "What is the capital of the U.S. state of {}?",
     "province": "What is the capital of the Canadian province of {}?",
 }
-PARTS = ("corpus", "eval", "train", "models")
+PARTS = ("corpus", "eval", "train", "models", "index")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -277,6 +279,15 @@ def main(argv: list[str] | None = None) -> None:
             (args.out / "models").mkdir(parents=True, exist_ok=True)
             (args.out / "models" / "minilm.path").write_text(str(assets.minilm_dir()) + "\n")
             print(f"models: MiniLM at {assets.minilm_dir()}")
+        if "index" in parts:   # the scripts build it too when missing; here every test and run finds it made
+            idx = args.out / "indexes" / "bm25"
+            if args.force or not (idx / "manifest.json").exists():
+                r = subprocess.run([sys.executable, "-m", "retrieval.build_index", "--corpus", str(corpus_path), "--out",
+                                    str(idx), "--kind", "bm25", *(["--overwrite"] if args.force else [])],
+                                   cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True)
+                if r.returncode != 0:
+                    sys.exit(f"prepare_data: building {idx} failed:\n{(r.stdout + r.stderr)[-2000:]}")
+            print(f"index: BM25 -> {idx}")
     except assets.MissingAsset as e:
         sys.exit(f"prepare_data: {e}")
     except InputError as e:  # a damaged file from an earlier run (the message names it and its line): rebuild it

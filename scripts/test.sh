@@ -9,7 +9,8 @@ bash scripts/setup_cpu.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DS_ACCELERATOR=cpu TOKENIZERS_PARALLELISM=false
 # DeepSpeed JIT-builds its shm op on every fresh start (75-90 s); keep the build in a cached folder.
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$PWD/.torch_extensions}"
-# The data the tests read: corpus, eval sets, the converted SmolLM2 folder (idempotent, ~1 min the first time).
+# The data the tests read: corpus, eval sets, the converted SmolLM2 folder, the demo's BM25 index (idempotent, ~1 min
+# the first time).
 .venv/bin/python scripts/prepare_data.py
 set +e
 # Two workers (TEST_WORKERS=0 runs in one process): most tests run one process on one thread, so one worker
