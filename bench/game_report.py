@@ -53,7 +53,10 @@ def summarise(run: Path) -> dict:
         "steps": len(rows),
         "recipe": (f"rag {sp.get('rag_verify', '?')}, {sp.get('proposer_reward', '?')}, penalty "
                    f"{sp.get('format_penalty', '?')}, pool s in [{sp.get('pool_min_solve_rate', '-')}, "
-                   f"{sp.get('pool_max_solve_rate', '-')}]"),
+                   f"{sp.get('pool_max_solve_rate', '-')}]"
+                   + (f", shortcut filter {sp['shortcut_filter']}" if "shortcut_filter" in sp else "")
+                   + (f", rounds <= {sp['max_rounds']} until {sp['min_informative_groups']} informative groups"
+                      if (sp.get("max_rounds") or 1) > 1 else "")),
         "proposer_trajs": props,
         "valid_rate": share("game/valid_questions", "game/proposer_trajs"),
         "informative_share": share("game/informative_groups", "game/solver_groups"),
